@@ -1,0 +1,37 @@
+# `make run`: set up .venv and train the tiny demo drafter on this machine, in tmux, then follow its log.
+# `make test`: set up .venv (and the system tools the tests use) and run the whole suite.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint setup system-deps gpu-test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# The CPU build of torch is pinned here; the package itself accepts a range (bring your CUDA torch).
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+system-deps:
+	scripts/install-system-deps.sh
+
+run: setup system-deps
+	$(BIN)/dflash deploy
+	$(BIN)/dflash logs --follow
+
+test: setup system-deps
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+gpu-test: setup
+	$(BIN)/python -m pytest -q -m "gpu or gpu2" tests/gpu
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .dflash .pytest_cache

@@ -1,0 +1,114 @@
+"""Every failure a user can meet, named for its condition and carrying the next step.
+
+Library code raises these; only the CLI turns them into a message, a hint and an exit code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class DflashError(Exception):
+    """Base of all expected failures. `hint` says what the user should do next."""
+
+    hint: str = ""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        if hint is not None:
+            self.hint = hint
+
+
+class ConfigError(DflashError):
+    """deploy.toml (or a flag) is missing, malformed, or names something that does not exist."""
+
+    hint = "Fix the named key in the file (see README.md, 'deploy.toml reference')."
+
+
+class UnsafeValue(DflashError):
+    """A value that would reach a remote command cannot be passed literally."""
+
+    hint = "Use a value made of letters, digits, '.', '_', '-' (and '/' for paths)."
+
+
+class ConnectionFailed(DflashError):
+    """The SSH connection could not be opened or was lost."""
+
+    hint = "Check that the host is up and reachable: ssh <host> true"
+
+
+class AuthenticationFailed(ConnectionFailed):
+    """The SSH server refused every key we could offer."""
+
+    hint = "Check the user and key: ssh -v <user>@<host> true (agent, IdentityFile in ~/.ssh/config)."
+
+
+class HostKeyUnknown(ConnectionFailed):
+    """The host's key is not in known_hosts; it is never added silently."""
+
+
+class HostKeyChanged(ConnectionFailed):
+    """The host presents a key different from the one in known_hosts."""
+
+
+class RemoteCommandFailed(DflashError):
+    """A command at a place exited non-zero."""
+
+    def __init__(
+        self,
+        place: str,
+        argv: Sequence[str],
+        exit_code: int,
+        stderr: str,
+        *,
+        hint: str | None = None,
+    ) -> None:
+        self.place = place
+        self.argv = tuple(argv)
+        self.exit_code = exit_code
+        self.stderr = stderr
+        detail = stderr.strip().splitlines()[-1] if stderr.strip() else "no error output"
+        super().__init__(
+            f"{' '.join(self.argv[:3])}… failed on {place} (exit {exit_code}): {detail}",
+            hint=hint,
+        )
+
+
+class PctMissing(DflashError):
+    """The host has no `pct`: it is not a Proxmox VE node."""
+
+    hint = "Point --host at the Proxmox node itself, or use place = \"ssh\" for a plain host."
+
+
+class ContainerNotFound(DflashError):
+    """No container with that id exists on the Proxmox host."""
+
+    hint = "List containers on the host with: pct list"
+
+
+class ContainerStopped(DflashError):
+    """The container exists but is not running."""
+
+    hint = "Start it on the host with: pct start <ct>"
+
+
+class JobNotFound(DflashError):
+    """There is no job session at the place."""
+
+    hint = "Start one with: dflash deploy"
+
+
+class ReleaseError(DflashError):
+    """A release could not be built, pushed, switched or found."""
+
+
+class CheckpointPathError(DflashError):
+    """A checkpoint operation would touch a path outside the checkpoints folder."""
+
+    hint = "Check `checkpoints` in deploy.toml: it must be an absolute folder that is not /."
+
+
+class LockHeld(DflashError):
+    """Another dflash command holds the place's deploy lock."""
+
+    hint = "Wait for it to finish, or pass --force if its holder is gone."
