@@ -1,0 +1,28 @@
+"""Shared test set-up: real parts only (sshd on loopback, a namespace-backed Proxmox stand-in,
+real tmux, real torch). GPU tests are skipped on machines without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = [
+    "tests.fixtures.ssh",  # a real OpenSSH server on 127.0.0.1 and a client home that trusts it
+    "tests.fixtures.proxmox",  # a `pct` stand-in whose containers are Linux namespaces
+]
+
+
+def _cuda_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    count = _cuda_count()
+    for item in items:
+        if "gpu2" in item.keywords and count < 2:
+            item.add_marker(pytest.mark.skip(reason=f"needs 2 CUDA GPUs, found {count}"))
+        elif "gpu" in item.keywords and count < 1:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
