@@ -268,7 +268,13 @@ class LocalTransport:
 
 
 class SSHTransport:
-    """Runs commands over one SSH connection, opened lazily and reused for every command."""
+    """Runs commands over one SSH connection, opened lazily and reused for every command.
+
+    `host` is an alias or address resolved with `ssh_config.resolve` (explicit `user`, `port`,
+    `identity_files`, `proxy_jump` win over ~/.ssh/config), or an already resolved `SSHTarget`.
+    `accept_new_host_key=True` is the CLI's `--accept-new-host-key`: an unknown host key is
+    added to the user's known_hosts instead of refused. A changed key is always refused.
+    """
 
     def __init__(
         self,
@@ -277,6 +283,7 @@ class SSHTransport:
         user: str | None = None,
         port: int | None = None,
         identity_files: Sequence[Path] | None = None,
+        proxy_jump: str | None = None,
         accept_new_host_key: bool = False,
     ) -> None:
         if isinstance(host, SSHTarget):
@@ -287,6 +294,7 @@ class SSHTransport:
                 user=user,
                 port=port,
                 identity_files=None if identity_files is None else tuple(identity_files),
+                proxy_jump=proxy_jump,
             )
         self.accept_new_host_key = accept_new_host_key
         self.description = self.target.description

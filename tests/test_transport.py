@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -223,6 +224,28 @@ def test_dropped_connection_raises_and_reconnect_recovers(
     assert t.run(["echo", "back"]).stdout == b"back\n"
     assert t.connections_opened == 2
     t.close()
+
+
+def test_connection_dropped_during_run(ssh_home: SSHHome, sshd: SSHServer) -> None:
+    t = SSHTransport("testbox")
+    t.run(["true"])
+    stopper = threading.Timer(0.5, sshd.stop)
+    stopper.start()
+    try:
+        with pytest.raises(ConnectionFailed, match="lost while running sleep"):
+            t.run(["sleep", "30"], timeout=20)
+    finally:
+        stopper.join()
+        sshd.start()
+    t.close()
+
+
+def test_killed_command_is_not_a_lost_connection(transport: Transport) -> None:
+    result = transport.run(["sh", "-c", "kill -9 $$"])
+    # Locally a shell-style 128+9; over SSH the server reports a signal, not a status: -1.
+    expected = -1 if isinstance(transport, SSHTransport) else 137
+    assert result.exit_code == expected
+    assert transport.run(["echo", "still"]).stdout == b"still\n"
 
 
 def test_no_agent_in_tests() -> None:
