@@ -128,12 +128,15 @@ def resolve(
     config_path: Path | None = None,
     _depth: int = 0,
 ) -> SSHTarget:
-    """Resolve `host` (an alias or address) into an `SSHTarget`.
+    """Resolve `host` (an alias or address, optionally `user@host`) into an `SSHTarget`.
 
     Explicit arguments win over `~/.ssh/config` (HostName, Port, User, IdentityFile,
     IdentitiesOnly, UserKnownHostsFile, GlobalKnownHostsFile, ProxyJump, ConnectTimeout), which
     wins over the defaults. `proxy_jump="none"` disables a ProxyJump set in the config.
     """
+    if "@" in host:  # "user@host", as ssh accepts it; an explicit user still wins
+        host_user, _, host = host.rpartition("@")
+        user = user or host_user or None
     if not host or host.startswith("-") or any(c.isspace() or c == "\x00" for c in host):
         raise ConfigError(f"Invalid SSH host {host!r}: give an address or a ~/.ssh/config alias.")
     if _depth > _MAX_JUMPS:
@@ -342,10 +345,16 @@ def _open(client: paramiko.SSHClient, target: SSHTarget, sock: paramiko.Channel 
         ) from None
     except (HostKeyUnknown, HostKeyChanged):
         raise
+    except paramiko.SSHException as exc:
+        if "No authentication methods available" not in str(exc):
+            raise ConnectionFailed(f"Cannot connect to {where}: {exc}") from None
+        raise AuthenticationFailed(
+            f"{target.user}@{where}: no key to offer (no IdentityFile found and no SSH agent)"
+        ) from None
     except TimeoutError as exc:
         raise ConnectionFailed(f"Cannot connect to {where}: timed out ({exc})") from None
     except paramiko.ssh_exception.NoValidConnectionsError as exc:
         reasons = "; ".join(sorted({e.strerror or str(e) for e in exc.errors.values()}))
         raise ConnectionFailed(f"Cannot connect to {where}: {reasons}") from None
-    except (OSError, EOFError, paramiko.SSHException) as exc:
+    except (OSError, EOFError) as exc:
         raise ConnectionFailed(f"Cannot connect to {where}: {exc or type(exc).__name__}") from None

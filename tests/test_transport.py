@@ -126,6 +126,8 @@ def test_ssh_config_resolution(ssh_home: SSHHome, sshd: SSHServer) -> None:
     # Explicit values win over the config; unknown names fall back to the defaults.
     assert resolve("testbox", port=2222, user="alice").port == 2222
     assert resolve("testbox", user="alice").user == "alice"
+    assert resolve("alice@testbox").user == "alice"
+    assert resolve("alice@testbox", user="bob").user == "bob"
     plain = resolve("10.9.9.9")
     assert (plain.hostname, plain.port, plain.user) == ("10.9.9.9", 22, "root")
     assert plain.known_hosts_files == (ssh_home.home / ".ssh" / "known_hosts",)
@@ -204,6 +206,32 @@ def test_proxyjump_through_the_same_server(ssh_home: SSHHome, sshd: SSHServer) -
     t.close()
     time.sleep(0.2)
     assert accepted_logins(sshd) - before == 2  # the jump host, then the target through it
+
+
+def test_two_hop_proxyjump_chain(ssh_home: SSHHome, sshd: SSHServer) -> None:
+    before = accepted_logins(sshd)
+    t = SSHTransport("testbox", proxy_jump="testbox,pvehost")
+    assert t.run(["echo", "far"]).stdout == b"far\n"
+    t.close()
+    time.sleep(0.2)
+    assert accepted_logins(sshd) - before == 3
+
+
+def test_no_key_at_all_is_authentication_failure(ssh_home: SSHHome, sshd: SSHServer) -> None:
+    with pytest.raises(AuthenticationFailed, match="no key to offer"):
+        SSHTransport("root@127.0.0.1", port=sshd.port).run(["true"])
+
+
+def test_passphrase_key_without_agent(ssh_home: SSHHome, tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    secret = "s3cret-passphrase"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", secret, "-f", str(locked)], check=True
+    )
+    with pytest.raises(AuthenticationFailed) as info:
+        SSHTransport("testbox", identity_files=[locked]).run(["true"])
+    assert "passphrase" in str(info.value) and "ssh-add" in info.value.hint
+    assert secret not in str(info.value) + info.value.hint
 
 
 def test_dropped_connection_raises_and_reconnect_recovers(
