@@ -17,6 +17,7 @@ Commands never get a pty: bytes on stdin/stdout must pass unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -213,16 +214,20 @@ class LocalTransport:
         err.start()
         writer = threading.Thread(target=self._feed, args=(proc, stdin), daemon=True)
         writer.start()
+        deadline = _deadline(timeout)
         try:
-            proc.wait(timeout=timeout)
+            proc.wait(timeout=_remaining(deadline))
+            # Output ends when the last holder of the pipes exits, which may be a background
+            # child of the command: that is bounded by the same deadline.
+            for thread in (writer, out, err):
+                thread.join(_remaining(deadline))
+                if thread.is_alive():
+                    raise subprocess.TimeoutExpired(args, timeout or 0.0)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise CommandTimedOut(f"{args[0]} did not finish within {timeout} s locally") from None
-        finally:
-            writer.join()
-            out.join()
-            err.join()
         return Result(args, self._status(proc.returncode), out.data, err.data)
 
     @staticmethod
