@@ -252,3 +252,15 @@ def test_container_place_over_local_pct(proxmox: Proxmox, monkeypatch: pytest.Mo
 def test_container_id_validated(bad: object) -> None:
     with pytest.raises(UnsafeValue, match="container id"):
         ContainerPlace(LocalTransport(), bad)  # type: ignore[arg-type]
+
+
+def test_tmux_server_in_a_container_is_its_own(ct_place: ContainerPlace, proxmox: Proxmox) -> None:
+    """A job's tmux lives in the container (private /tmp), not on the host, and dies with it."""
+    socket_name = f"dflash-test-{uuid.uuid4().hex[:8]}"
+    tmux = ["tmux", "-L", socket_name]
+    ct_place.run([*tmux, "new-session", "-d", "-s", "job", "sleep 300"], timeout=10)
+    assert ct_place.run([*tmux, "has-session", "-t", "job"], check=False).exit_code == 0
+    assert LocalTransport().run([*tmux, "has-session", "-t", "job"]).exit_code != 0
+    proxmox.stop(CT)
+    proxmox.start(CT)
+    assert ct_place.run([*tmux, "has-session", "-t", "job"], check=False).exit_code != 0
