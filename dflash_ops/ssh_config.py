@@ -284,12 +284,7 @@ def connect(target: SSHTarget, *, accept_new_host_key: bool = False) -> Connecti
             ) from exc
 
     client = paramiko.SSHClient()
-    for path in target.system_known_hosts_files:
-        if path.is_file():
-            client.load_system_host_keys(str(path))
-    for path in target.known_hosts_files:
-        if path.is_file():
-            client.get_host_keys().load(str(path))
+    _load_known_hosts(client, target)
     client.set_missing_host_key_policy(_HostKeyPolicy(target, accept_new=accept_new_host_key))
     try:
         _open(client, target, sock)
@@ -302,6 +297,20 @@ def connect(target: SSHTarget, *, accept_new_host_key: bool = False) -> Connecti
     if transport is not None:
         transport.set_keepalive(15)  # notice a dead peer during long, quiet commands
     return Connection(client=client, jumps=jumps)
+
+
+def _load_known_hosts(client: paramiko.SSHClient, target: SSHTarget) -> None:
+    """System files, then the user's. Loaded without `load_host_keys(path)`, which would make
+    paramiko rewrite that file (dropping its comments) whenever a key is added."""
+    loads = [(p, client.load_system_host_keys) for p in target.system_known_hosts_files]
+    loads += [(p, client.get_host_keys().load) for p in target.known_hosts_files]
+    for path, load in loads:
+        if not path.is_file():
+            continue
+        try:
+            load(str(path))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"Cannot read known hosts file {path}: {exc}") from None
 
 
 def _open(client: paramiko.SSHClient, target: SSHTarget, sock: paramiko.Channel | None) -> None:
