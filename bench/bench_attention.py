@@ -88,11 +88,15 @@ def make_inputs(shape: Shape, device: torch.device, dtype: torch.dtype):
 
 
 def fwd_bwd(attend, leaves, grad):
-    def step():
+    def clear():
         for t in leaves:
             t.grad = None
+
+    def step():
+        clear()
         attend(*leaves).backward(grad)
 
+    step.clear = clear
     return step
 
 
@@ -100,6 +104,7 @@ def measure(name: str, step, device, args, **extra: Any) -> dict[str, Any]:
     row: dict[str, Any] = {"implementation": name, **extra}
     try:
         row["fwd+bwd ms"] = time_ms(step, device, warmup=args.warmup, reps=args.reps)
+        step.clear()  # gradients of the inputs count towards the peak
         row["peak GiB"] = peak_gib(step, device)
     except Exception as exc:  # an OOM (or a backend that cannot run here) is a result
         if not is_oom(exc) and device.type == "cuda":

@@ -126,6 +126,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--no-naive", action="store_true", help="skip the full-logits rows")
+    parser.add_argument(
+        "--sweep", default="", help="extra chunk sizes for our rows, e.g. 256,512,1024"
+    )
     args = parser.parse_args()
 
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
@@ -157,6 +160,26 @@ def main() -> None:
         ("dflash_loss CE + KL (ours)", ce_kl, 3, "ce+kl"),
         ("dflash_loss CE (ours)", ce, 2, "ce"),
     ]
+    for rows_per_chunk in [int(x) for x in args.sweep.split(",") if x]:
+
+        def ce_kl_at(n=rows_per_chunk) -> torch.Tensor:
+            return dflash_loss(
+                hidden,
+                weight,
+                labels,
+                gamma=GAMMA,
+                target_hidden=target,
+                kl_weight=KL_WEIGHT,
+                chunk_rows=n,
+            ).loss
+
+        def ce_at(n=rows_per_chunk) -> torch.Tensor:
+            return dflash_loss(hidden, weight, labels, gamma=UNIFORM, chunk_rows=n).loss
+
+        candidates += [
+            (f"dflash_loss CE + KL (ours, chunk {rows_per_chunk})", ce_kl_at, 3, "ce+kl"),
+            (f"dflash_loss CE (ours, chunk {rows_per_chunk})", ce_at, 2, "ce"),
+        ]
     if not args.no_naive:
         candidates += [
             (
@@ -184,27 +207,29 @@ def main() -> None:
             )
         )
 
-    # References: the naive fp32 loss when it fits, else ours on fp32 copies.
+    # References: the naive loss on fp32 copies of the inputs (fp32 logits, no bf16 rounding
+    # anywhere) when it fits, else dflash_loss on those copies.
     refs: dict[str, torch.Tensor] = {}
     ref_source: dict[str, str] = {}
+    w32, t32 = weight.float(), target.float()
     for key, gamma, kl in (("ce+kl", GAMMA, KL_WEIGHT), ("ce", UNIFORM, 0.0)):
+        h32 = hidden.detach().float().requires_grad_(True)
         try:
-            refs[key] = grad_of(
-                lambda gamma=gamma, kl=kl: naive_loss(
-                    hidden, weight, labels, gamma=gamma, target=target, kl_weight=kl
-                )
-            )
-            ref_source[key] = "naive fp32 logits"
+            naive_loss(h32, w32, labels, gamma=gamma, target=t32, kl_weight=kl).backward()
+            ref_source[key] = "naive, fp32 inputs"
         except Exception as exc:
             if not is_oom(exc):
                 raise
+            h32.grad = None
             torch.cuda.empty_cache()
-            h32 = hidden.detach().float().requires_grad_(True)
             dflash_loss(
-                h32, weight.float(), labels, gamma=gamma, target_hidden=target.float(), kl_weight=kl
+                h32, w32, labels, gamma=gamma, target_hidden=t32 if kl else None, kl_weight=kl
             ).loss.backward()
-            refs[key] = h32.grad
-            ref_source[key] = "dflash_loss on fp32 inputs"
+            ref_source[key] = "dflash_loss, fp32 inputs"
+        refs[key] = h32.grad
+    del w32, t32
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
     rows: list[dict[str, Any]] = []
     for name, fn, gemms, ref_key in candidates:
