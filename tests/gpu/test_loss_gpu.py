@@ -123,3 +123,50 @@ def test_triton_chunk_kernels_match_eager(vocab, split, with_target):
     want_g = _logit_grad(z, y, want[0], a, b, zt, lse_t, c)
     got_g = loss_kernels.logit_grad(z.clone(), y, want[0], a, b, zt, lse_t, c)
     torch.testing.assert_close(got_g.float(), want_g.float(), rtol=1e-2, atol=1e-6)
+
+
+def test_loss_next_to_compiled_attention():
+    """Compiled flex attention and the Triton loss in one forward/backward (the seed's failing
+    combination), against SDPA + the eager loss on the same bf16 autocast graph."""
+    from trainer.attention import build_draft_mask, draft_attention
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bsz, n, b, s, heads, hd, vocab = 2, 16, 16, 512, 4, 64, 4096
+    d = heads * hd
+    anchors = torch.sort(torch.randint(1, s, (bsz, n), generator=g, device="cuda"), 1).values
+    valid = torch.ones(bsz, n, dtype=torch.bool, device="cuda")
+    valid[0, 3] = False
+    context = torch.randn(bsz, s, d, generator=g, device="cuda")
+    blocks = torch.randn(bsz, n * b, d, generator=g, device="cuda")
+    params = [
+        (torch.randn(d, d, generator=g, device="cuda") / d**0.5).requires_grad_(True)
+        for _ in range(4)
+    ]
+    lm_head = (torch.randn(vocab, d, generator=g, device="cuda") / d**0.5).bfloat16()
+    labels = torch.randint(0, vocab, (bsz * n, b), generator=g, device="cuda")
+    labels[~valid.reshape(-1)] = IGNORE_INDEX
+
+    def step(backend: str, kernels: str):
+        for p in params:
+            p.grad = None
+        wq, wk, wv, wo = params
+        mask = build_draft_mask(anchors, valid, s, b, backend=backend, num_heads=heads)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            keys = torch.cat([context, blocks], dim=1)  # (Bsz, S + N·B, d)
+            q = (blocks @ wq).view(bsz, n * b, heads, hd).transpose(1, 2)
+            k = (keys @ wk).view(bsz, s + n * b, heads, hd).transpose(1, 2)
+            v = (keys @ wv).view(bsz, s + n * b, heads, hd).transpose(1, 2)
+            o = draft_attention(q, k, v, mask).transpose(1, 2).reshape(bsz, n * b, d) @ wo
+        out = dflash_loss(
+            o.reshape(bsz * n, b, d), lm_head, labels, gamma=7.0, cap_weight=0.1, kernels=kernels
+        )
+        out.loss.backward()
+        return out.loss.detach(), [p.grad.clone() for p in params]
+
+    loss, grads = step("flex", "triton")
+    ref_loss, ref_grads = step("sdpa", "eager")
+    assert torch.isfinite(loss)
+    assert abs(float(loss) - float(ref_loss)) < 1e-2 * abs(float(ref_loss))
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert torch.isfinite(got).all()
+        assert rel(got, want) < 5e-2
