@@ -237,6 +237,24 @@ def _plan(labels: Tensor, gamma: float, chunk_rows: int, compute: torch.dtype) -
     )
 
 
+def _cap_chains(logq_y: Tensor, local: Tensor, blocks: int, b: int) -> tuple[Tensor, Tensor]:
+    """cap's chains inside one chunk of whole blocks.
+
+    `logq_y` (r,): log p_drafter(label) of the chunk's supervised rows at positions `local`
+    (row index inside the chunk). Unsupervised slots get π = 0, so a chain stops there.
+    Returns Σ over blocks and m of Π_{k=1}^{m} π_k, and per supervised row the suffix sum
+    S_k = Σ_{m≥k} Π_{i≤m} π_i: the derivative of that sum wrt log π_k.
+    """
+    pi = torch.zeros(blocks * b, dtype=logq_y.dtype, device=logq_y.device)
+    pi[local] = logq_y.exp()
+    pi = pi.view(blocks, b)
+    pi[:, 0] = 1.0  # slot 0 is not part of any chain
+    chain = torch.cumprod(pi, dim=1)[:, 1:]  # (blocks, B−1)
+    suffix = chain.flip(1).cumsum(1).flip(1)  # (blocks, B−1)
+    suffix = torch.nn.functional.pad(suffix, (1, 0)).reshape(-1)[local]  # (r,)
+    return chain.sum(), suffix
+
+
 class _DFlashLoss(torch.autograd.Function):
     """Forward computes the loss terms and the gradients; backward scales them (see module doc)."""
 
@@ -288,17 +306,9 @@ class _DFlashLoss(torch.autograd.Function):
             correct.index_add_(0, slot, hit.to(compute))
             counted.index_add_(0, slot, torch.ones_like(wn))
 
-            # cap: chain products over the chunk's whole blocks, and their suffix sums
-            # S_k = Σ_{m≥k} Π_{i≤m} π_i, the derivative of Σ_m Π π wrt log π_k.
             local = rows - chunk * plan.chunk_blocks * b  # (r,) position inside the chunk
-            pi = torch.zeros(plan.chunk_blocks * b, dtype=compute, device=device)
-            pi[local] = logq_y.exp()
-            pi = pi.view(plan.chunk_blocks, b)
-            pi[:, 0] = 1.0
-            chain = torch.cumprod(pi, dim=1)[:, 1:]  # (blocks, B−1)
-            sums[2] += chain.sum()
-            suffix = chain.flip(1).cumsum(1).flip(1)  # (blocks, B−1)
-            suffix = torch.nn.functional.pad(suffix, (1, 0)).reshape(-1)[local]  # (r,)
+            chain_sum, suffix = _cap_chains(logq_y.to(compute), local, plan.chunk_blocks, b)
+            sums[2] += chain_sum
 
             if not (need_h or need_w):
                 continue
