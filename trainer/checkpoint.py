@@ -45,7 +45,9 @@ class CheckpointMismatch(TrainerError):
 class CheckpointWriteFailed(TrainerError):
     """A checkpoint could not be written (disk full, permissions); earlier ones are intact."""
 
-    hint = "Free space or fix permissions in the run folder; training resumes from the last good one."
+    hint = (
+        "Free space or fix permissions in the run folder; training resumes from the last good one."
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,8 +99,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], config: TrainConfig,
-                    *, keep_last: int) -> Path:
+def save_checkpoint(
+    run_dir: str | Path, step: int, state: dict[str, Any], config: TrainConfig, *, keep_last: int
+) -> Path:
     """Write `state` as checkpoint `step` atomically, then keep only the last `keep_last`."""
     run_dir = Path(run_dir)
     tmp = run_dir / f".tmp-step-{step:08d}-{os.getpid()}"
@@ -106,11 +109,20 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], confi
         return _save(run_dir, tmp, step, state, config, keep_last=keep_last)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointWriteFailed(f"writing checkpoint step {step} in {run_dir} failed: {exc}") from exc
+        raise CheckpointWriteFailed(
+            f"writing checkpoint step {step} in {run_dir} failed: {exc}"
+        ) from exc
 
 
-def _save(run_dir: Path, tmp: Path, step: int, state: dict[str, Any], config: TrainConfig,
-          *, keep_last: int) -> Path:
+def _save(
+    run_dir: Path,
+    tmp: Path,
+    step: int,
+    state: dict[str, Any],
+    config: TrainConfig,
+    *,
+    keep_last: int,
+) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     final = run_dir / f"step-{step:08d}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -120,8 +132,12 @@ def _save(run_dir: Path, tmp: Path, step: int, state: dict[str, Any], config: Tr
         fh.flush()
         os.fsync(fh.fileno())
     manifest = Manifest(
-        step=step, config_hash=config.model_data_hash(), code_version=code_version(),
-        sha256=_sha256(tmp / STATE), created=time.time(), settings=config.model_data_settings(),
+        step=step,
+        config_hash=config.model_data_hash(),
+        code_version=code_version(),
+        sha256=_sha256(tmp / STATE),
+        created=time.time(),
+        settings=config.model_data_settings(),
     )
     with open(tmp / MANIFEST, "w") as fh:
         json.dump(asdict(manifest), fh, indent=1, sort_keys=True)
@@ -141,7 +157,9 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
+    found = [
+        (int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := _NAME.match(p.name))
+    ]
     return sorted(found)
 
 
@@ -167,7 +185,10 @@ def verify(path: Path) -> tuple[Manifest | None, str]:
         return None, f"no {STATE}"
     actual = _sha256(path / STATE)
     if actual != manifest.sha256:
-        return None, f"checksum mismatch ({STATE} sha256 {actual[:12]}…, manifest {manifest.sha256[:12]}…)"
+        return (
+            None,
+            f"checksum mismatch ({STATE} sha256 {actual[:12]}…, manifest {manifest.sha256[:12]}…)",
+        )
     return manifest, ""
 
 

@@ -19,9 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer.errors import TrainerError
 
-class TrainConfigError(ValueError):
+
+class TrainConfigError(TrainerError, ValueError):
     """A setting is missing, unknown, or has a bad value; the message names the dotted key."""
+
+    hint = "Change that key in the config file, or override it with --set KEY=VALUE."
 
     def __init__(self, key: str, message: str) -> None:
         self.key = key
