@@ -107,11 +107,23 @@ def save_checkpoint(
     tmp = run_dir / f".tmp-step-{step:08d}-{os.getpid()}"
     try:
         return _save(run_dir, tmp, step, state, config, keep_last=keep_last)
-    except OSError as exc:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        os_error = _os_error(exc)
+        if os_error is None:
+            raise
         raise CheckpointWriteFailed(
-            f"writing checkpoint step {step} in {run_dir} failed: {exc}"
+            f"writing checkpoint step {step} in {run_dir} failed: {os_error}"
         ) from exc
+
+
+def _os_error(exc: BaseException | None) -> OSError | None:
+    """The OSError behind `exc` (torch.save re-raises a failed write as a RuntimeError)."""
+    while exc is not None:
+        if isinstance(exc, OSError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _save(
