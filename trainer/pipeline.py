@@ -110,6 +110,7 @@ class DrafterWorker:
         total_steps: int,
         noise: float = 0.0,
         seed: int = 0,
+        loss_chunk_rows: int | None = None,
     ) -> None:
         self.drafter = drafter
         self.embed_weight = embed_weight.detach()
@@ -117,6 +118,7 @@ class DrafterWorker:
         self.loss_config = loss
         self.gamma = loss.resolved_gamma(drafter.shape.block_size)
         self.noise = noise
+        self.loss_chunk_rows = loss_chunk_rows  # None: sized from the vocabulary by the loss
         self.seed = seed
         self.optim_config = optim
         decay = [p for p in drafter.parameters() if p.dim() >= 2]
@@ -173,6 +175,7 @@ class DrafterWorker:
             target_hidden=target_hidden,
             kl_weight=self.loss_config.kl_weight,
             cap_weight=self.loss_config.cap_weight,
+            chunk_rows=self.loss_chunk_rows,
         )
         result.loss.backward()
         clip = self.optim_config.grad_clip
