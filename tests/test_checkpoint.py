@@ -40,6 +40,8 @@ def test_torn_temp_dir_is_ignored(tmp_path) -> None:
     (torn / "state.pt").write_bytes(b"half a file")
     found = ckpt.find_resumable(tmp_path)
     assert found.path == tmp_path / "step-00000005" and found.skipped == []
+    assert ckpt.remove_stale_temps(tmp_path) == [torn] and not torn.exists()
+    assert ckpt.find_resumable(tmp_path).path == tmp_path / "step-00000005"
 
 
 def test_corrupt_and_incomplete_are_skipped_with_reason(tmp_path) -> None:

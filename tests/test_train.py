@@ -76,15 +76,19 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_entry_point_logs_metrics_and_refuses_mismatch(tmp_path, assets) -> None:
-    cfg = tmp_path / "c.toml"
+def write_toml(path: Path, assets: Path) -> Path:
     lines = []
     for name, values in TINY.items():
         lines.append(f"[{name}]")
         lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
         if name == "demo":
             lines.append(f"folder = {json.dumps(str(assets))}")
-    cfg.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_entry_point_logs_and_writes_metrics(tmp_path, assets) -> None:
+    cfg = write_toml(tmp_path / "c.toml", assets)
     out = tmp_path / "run"
     proc = run_cli("--config", str(cfg), "--out", str(out), "--set", "run.steps=3")
     assert proc.returncode == 0, proc.stderr
@@ -95,6 +99,12 @@ def test_entry_point_logs_metrics_and_refuses_mismatch(tmp_path, assets) -> None
         assert key in rows[0]
     assert len(rows[0]["slot_accuracy"]) == 3
     assert (out / "step-00000003" / "manifest.json").is_file()
+
+
+def test_entry_point_refuses_mismatch_and_bad_settings(tmp_path, assets) -> None:
+    cfg = write_toml(tmp_path / "c.toml", assets)
+    out = tmp_path / "run"
+    Trainer(tiny_config(assets, run={"steps": 1}), out, emit=lambda _: None).run()
     proc = run_cli(
         "--config",
         str(cfg),
@@ -105,10 +115,7 @@ def test_entry_point_logs_metrics_and_refuses_mismatch(tmp_path, assets) -> None
         "--set",
         "model.block_size=5",
     )
-    assert (
-        proc.returncode == 2
-        and "model.block_size" in proc.stderr
-        and "--force-resume" in proc.stderr
-    )
+    assert proc.returncode == 2, proc.stderr
+    assert "model.block_size" in proc.stderr and "--force-resume" in proc.stderr
     proc = run_cli("--config", str(cfg), "--out", str(out), "--set", "optim.lr=unknown")
     assert proc.returncode == 2 and "optim.lr" in proc.stderr

@@ -29,6 +29,7 @@ from trainer.errors import TrainerError
 STATE = "state.pt"
 MANIFEST = "manifest.json"
 _NAME = re.compile(r"^step-(\d{8})$")
+_TMP = re.compile(r"^\.tmp-step-\d{8}-\d+$")
 
 
 class CheckpointMismatch(TrainerError):
@@ -173,6 +174,17 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
         (int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := _NAME.match(p.name))
     ]
     return sorted(found)
+
+
+def remove_stale_temps(run_dir: str | Path) -> list[Path]:
+    """Delete temp folders left by an interrupted write (only `.tmp-step-*` inside run_dir)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    stale = [p for p in run_dir.iterdir() if p.is_dir() and _TMP.match(p.name)]
+    for path in stale:
+        shutil.rmtree(path)
+    return stale
 
 
 def prune(run_dir: Path, *, keep_last: int) -> None:

@@ -46,9 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
     try:
+        config = load_config(args.config, args.overrides)  # fails fast, before torch loads
         from trainer.trainer import Trainer
 
-        config = load_config(args.config, args.overrides)
         Trainer(config, args.out, force_resume=args.force_resume).run()
     except TrainerError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -64,6 +64,7 @@ class Trainer:
         self.emit = emit or log.info
         self.config = resolve_demo(config, self.out_dir)
         cfg = self.config
+        found = self._find_checkpoint(force_resume)
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         self.device = resolve_device(cfg.run.device)
@@ -92,17 +93,26 @@ class Trainer:
             samples, cfg.data, block_size=cfg.model.block_size, seed=cfg.run.seed
         )
         self.step = 0
-        self._resume(force_resume)
+        self._resume(found)
 
-    def _resume(self, force: bool) -> None:
+    def _find_checkpoint(self, force: bool) -> ckpt.Found:
+        """Before anything heavy is loaded: the checkpoint to resume, refused if incompatible."""
+        for path in ckpt.remove_stale_temps(self.out_dir):
+            self.emit(f"removed {path.name}: an interrupted checkpoint write")
         found = ckpt.find_resumable(self.out_dir)
         for path, why in found.skipped:
             self.emit(f"skipped checkpoint {path.name}: {why}")
+        if found.path is not None:
+            changed = ckpt.check_compatible(found, self.config, force=force)
+            if changed:
+                self.emit(
+                    f"resuming despite changed settings (--force-resume): {', '.join(changed)}"
+                )
+        return found
+
+    def _resume(self, found: ckpt.Found) -> None:
         if found.path is None:
             return
-        changed = ckpt.check_compatible(found, self.config, force=force)
-        if changed:
-            self.emit(f"resuming despite changed settings (--force-resume): {', '.join(changed)}")
         state = ckpt.load_state(found.path, map_location=self.device)
         self.drafter_worker.load_state_dict(state["worker"])
         self.stream.position = DataPosition(**state["data_position"])
