@@ -40,7 +40,9 @@ class ConnectionFailed(DflashError):
 class AuthenticationFailed(ConnectionFailed):
     """The SSH server refused every key we could offer."""
 
-    hint = "Check the user and key: ssh -v <user>@<host> true (agent, IdentityFile in ~/.ssh/config)."
+    hint = (
+        "Check the user and key: ssh -v <user>@<host> true (agent, IdentityFile in ~/.ssh/config)."
+    )
 
 
 class HostKeyUnknown(ConnectionFailed):
@@ -77,7 +79,7 @@ class RemoteCommandFailed(DflashError):
 class PctMissing(DflashError):
     """The host has no `pct`: it is not a Proxmox VE node."""
 
-    hint = "Point --host at the Proxmox node itself, or use place = \"ssh\" for a plain host."
+    hint = 'Point --host at the Proxmox node itself, or use place = "ssh" for a plain host.'
 
 
 class ContainerNotFound(DflashError):
