@@ -1,0 +1,100 @@
+"""`dflash logs --follow` under faults: the SSH server restarted while following (no line lost
+or repeated), and Ctrl-C (the follower detaches, the job keeps running)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import REPO, Where, kill_tmux_server
+
+
+def start_follow(where: Where) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen(
+        [sys.executable, "-m", "dflash_ops", "logs", "--follow", "--tail", "1000"],
+        cwd=where.project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_lines(log: Path, count: int, timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if log.exists() and log.read_text().count("\n") >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"fewer than {count} lines in {log}")
+
+
+@pytest.fixture
+def ssh_where(tmp_path: Path, ssh_home: object) -> Iterator[Where]:
+    project = tmp_path / "project"
+    project.mkdir()
+    root, ckpt = tmp_path / "root", tmp_path / "ckpt"
+    spot = Where("ssh", project, ["--host", "testbox"], root, ckpt, f"dft-{uuid.uuid4().hex[:10]}")
+    spot.targets = (
+        f'[targets.box]\nplace = "ssh"\nhost = "testbox"\nroot = "{root}"\ncheckpoints = "{ckpt}"\n'
+    )
+    spot.flags = ["--target", "box"]
+    yield spot
+    kill_tmux_server(spot.socket)
+
+
+def test_follow_survives_sshd_restart(ssh_where: Where, sshd) -> None:  # type: ignore[no-untyped-def]
+    where = ssh_where
+    where.config("for i in $(seq 1 60); do echo line $i; sleep 0.1; done; exit 4")
+    assert where.run("deploy", *where.flags).returncode == 0
+    log = where.checkpoints / "train_stdout.log"
+    follower = start_follow(where)
+    try:
+        assert follower.stdout is not None
+        first = [follower.stdout.readline() for _ in range(10)]  # connected and streaming
+        sshd.stop()  # every connection drops, the job (in tmux) goes on
+        time.sleep(1.0)
+        sshd.start()
+        watchdog = threading.Timer(90, follower.kill)
+        watchdog.start()
+        out = follower.stdout.read()  # the same buffered reader as readline above
+        err = follower.stderr.read() if follower.stderr else ""
+        follower.wait()
+        watchdog.cancel()
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 4, err
+    expected = "".join(f"line {i}\n" for i in range(1, 61))
+    assert "".join(first) + out == expected  # nothing lost, nothing repeated
+    assert log.read_text() == expected
+
+
+def test_ctrl_c_detaches_and_the_job_keeps_running(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    root = project / ".dflash" / "local"
+    where = Where("local", project, [], root, root / "checkpoints", f"dft-{uuid.uuid4().hex[:10]}")
+    where.config("echo started; sleep 60")
+    try:
+        assert where.run("deploy").returncode == 0
+        follower = start_follow(where)
+        assert follower.stdout is not None
+        assert follower.stdout.readline() == "started\n"  # the follower is streaming
+        follower.send_signal(signal.SIGINT)
+        out, err = follower.communicate(timeout=30)
+        assert follower.returncode == 130, err
+        assert "job keeps running" in err and "Traceback" not in err
+        assert where.status()["running"]
+    finally:
+        kill_tmux_server(where.socket)
