@@ -174,9 +174,11 @@ class Releases:
         names = result.stdout.decode("utf-8", "replace").splitlines()
         return sorted(n for n in names if RELEASE_ID.fullmatch(n))
 
-    def prune(self, releases: list[str], *, keep: int = KEEP) -> list[str]:
+    def prune(
+        self, releases: list[str], *, keep: int = KEEP, current: str | None = None
+    ) -> list[str]:
         """Delete all but the newest `keep` releases (never the current one)."""
-        current = self.current()
+        current = current or self.current()
         old = [r for r in sorted(releases)[:-keep] if r != current] if keep > 0 else []
         if old:
             paths = [f"{self.root}/releases/{_checked(r)}" for r in old]
@@ -187,7 +189,7 @@ class Releases:
         """push → switch → prune; returns the releases that were removed."""
         self.push(bundle)
         releases = self.switch(bundle.release_id)
-        return self.prune(releases, keep=keep)
+        return self.prune(releases, keep=keep, current=bundle.release_id)
 
     def current(self) -> str | None:
         """The id `current` points at, or None before the first deploy."""
