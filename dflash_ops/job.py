@@ -143,6 +143,9 @@ class Job:
     def tmux(self, *args: str) -> TmuxResult:
         """`tmux -L <socket> ARGS…`, locally through libtmux, elsewhere through the place."""
         args = tuple(a if a == ";" else tmux_arg(a) for a in args)
+        # Only the subcommands: arguments may hold env values, which may be secrets.
+        commands = [args[0], *(args[i + 1] for i, a in enumerate(args[:-1]) if a == ";")]
+        log.debug("tmux -L %s %s on %s", self.socket, " ; ".join(commands), self.place.description)
         if self.local:
             import libtmux
             from libtmux import exc as libtmux_exc

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_ops import shell, toml_writer
-from dflash_ops.errors import ReleaseError
+from dflash_ops.errors import ReleaseError, RemoteCommandFailed
 from dflash_ops.job import Place
 from dflash_ops.launch import COMMAND_FILE, TRAIN_CONFIG, LaunchPlan, render
 
@@ -161,16 +161,30 @@ class Releases:
 
     def push(self, bundle: Bundle) -> None:
         """Unpack the bundle, streamed as one tar, into `releases/<id>.tmp`."""
-        self.place.run(
-            ["bash", "-c", _UNPACK, "dflash-unpack", self.root, _checked(bundle.release_id)],
-            stdin=bundle.data,
-        )
+        try:
+            self.place.run(
+                ["bash", "-c", _UNPACK, "dflash-unpack", self.root, _checked(bundle.release_id)],
+                stdin=bundle.data,
+            )
+        except RemoteCommandFailed as exc:
+            raise ReleaseError(
+                f"Could not unpack release {bundle.release_id} into {self.root}/releases on "
+                f"{self.place.description}: {_last_line(exc.stderr)}",
+                hint="Check free space and permissions there; the current release is unchanged.",
+            ) from None
 
     def switch(self, release_id: str) -> list[str]:
         """Complete `release_id` and point `current` at it; returns every release, oldest first."""
-        result = self.place.run(
-            ["bash", "-c", _SWITCH, "dflash-switch", self.root, _checked(release_id)]
-        )
+        try:
+            result = self.place.run(
+                ["bash", "-c", _SWITCH, "dflash-switch", self.root, _checked(release_id)]
+            )
+        except RemoteCommandFailed as exc:
+            raise ReleaseError(
+                f"Could not switch {self.current_path} to release {release_id} on "
+                f"{self.place.description}: {_last_line(exc.stderr)}",
+                hint=f"{self.current_path} must be a symlink (or absent); check it by hand.",
+            ) from None
         names = result.stdout.decode("utf-8", "replace").splitlines()
         return sorted(n for n in names if RELEASE_ID.fullmatch(n))
 
@@ -212,6 +226,11 @@ class Releases:
                 hint="Deploy first: dflash deploy",
             )
         return release
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else "no error output"
 
 
 def _checked(release_id: str) -> str:
