@@ -124,6 +124,15 @@ def test_redeploy_archives_resume_keeps_and_five_releases_stay(where: Where) -> 
     assert (where.checkpoints / "step-200.pt").exists()
     assert len(list((where.checkpoints / "archive").iterdir())) == 1
 
+    listed = where.run("checkpoints", "--json")
+    assert listed.returncode == 0, listed.stderr
+    listing = json.loads(listed.stdout)
+    assert {e["name"] for e in listing["live"]} == {"step-200.pt", "train_stdout.log"}
+    assert [e["name"] for e in listing["archived"][stamp.name]] == [
+        "step-100.pt",
+        "train_stdout.log",
+    ]
+
     for _ in range(3):
         assert where.run("deploy", "--resume").returncode == 0
     kept = where.releases()

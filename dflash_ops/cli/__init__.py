@@ -5,6 +5,7 @@
     dflash status [--json]
     dflash restart [--clean]
     dflash stop
+    dflash checkpoints
 
 Every failure is one message, a hint and a non-zero exit (`main` catches `DflashError`).
 """
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 
 import typer
 
-from dflash_ops.cli import control, deploy, logs, output, status
+from dflash_ops.cli import checkpoints, control, deploy, logs, output, status
 from dflash_ops.cli.context import Globals
 from dflash_ops.cli.options import ConfigOption, VerboseOption
 from dflash_ops.errors import DflashError
@@ -30,7 +31,7 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-for group in (deploy, logs, status, control):
+for group in (deploy, logs, status, control, checkpoints):
     app.add_typer(group.app)
 
 
