@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dflash_ops import shell
 from dflash_ops.errors import CheckpointPathError, UnsafeValue
-from dflash_ops.job import Place
+
+if TYPE_CHECKING:
+    from dflash_ops.place import Place
 
 ARCHIVE = "archive"
 

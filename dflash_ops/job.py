@@ -14,10 +14,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
 from dflash_ops import shell
 from dflash_ops.errors import ConnectionFailed, DflashError, JobRunning
+
+if TYPE_CHECKING:
+    from dflash_ops.place import Place
 
 log = logging.getLogger(__name__)
 
@@ -70,23 +73,6 @@ _FORMAT = (
     "#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_pid}|#{session_created}|#{pid}"
 )
 _MISSING = ("can't find session", "no server running", "error connecting", "can't find window")
-
-
-class Place(Protocol):
-    """What the job needs from a place (see docs/architecture.md)."""
-
-    description: str
-
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: Any = None,
-        timeout: float | None = None,
-        check: bool = True,
-    ) -> Any: ...
-
-    def stream(self, argv: Sequence[str]) -> Any: ...
 
 
 @dataclass(frozen=True)

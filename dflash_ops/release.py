@@ -26,12 +26,14 @@ import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_ops import shell, toml_writer
 from dflash_ops.errors import ReleaseError, RemoteCommandFailed
-from dflash_ops.job import Place
 from dflash_ops.launch import COMMAND_FILE, TRAIN_CONFIG, LaunchPlan, render
+
+if TYPE_CHECKING:
+    from dflash_ops.place import Place
 
 log = logging.getLogger(__name__)
 
