@@ -120,3 +120,9 @@ class CommandTimedOut(DflashError):
     """A command did not finish within its time limit; it was abandoned (and ended if possible)."""
 
     hint = "Check that the place is not overloaded or waiting for input, then run again."
+
+
+class JobRunning(DflashError):
+    """A job session is already running where a new one would start."""
+
+    hint = "Stop it first with: dflash stop (or use dflash restart)."

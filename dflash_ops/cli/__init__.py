@@ -1,0 +1,69 @@
+"""The `dflash` command: deploy the trainer to a place and run, watch and stop its job.
+
+    dflash deploy [--host H [--ct N] | --target NAME] [--resume]
+    dflash logs [--follow] [--tail N]
+    dflash status [--json]
+    dflash restart [--clean]
+    dflash stop
+    dflash checkpoints
+
+Every failure is one message, a hint and a non-zero exit (`main` catches `DflashError`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import typer
+
+from dflash_ops.cli import checkpoints, control, deploy, logs, output, status
+from dflash_ops.cli.context import Globals
+from dflash_ops.cli.options import ConfigOption, VerboseOption
+from dflash_ops.errors import DflashError
+
+app = typer.Typer(
+    name="dflash",
+    help="Train DFlash drafters on your own GPU boxes: deploy the trainer, run and watch the job.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+for group in (deploy, logs, status, control, checkpoints):
+    app.add_typer(group.app)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    config: ConfigOption = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Train DFlash drafters on your own GPU boxes: deploy the trainer, run and watch the job.
+
+    \b
+    Quick start (in the project folder, next to deploy.toml):
+      dflash deploy            # ship trainer/ and start the job ([target] in deploy.toml)
+      dflash logs --follow     # watch it; exits with the job's exit code
+      dflash status            # running? loss? throughput?
+    """
+    ctx.obj = Globals(config=config, verbose=verbose)
+    output.setup_logging(verbose)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the `dflash` console script and of `python -m dflash_ops`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        app(args=args, prog_name="dflash")
+    except DflashError as exc:
+        output.error(exc)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        output.info("Interrupted.")
+        sys.exit(130)
+    except Exception as exc:  # a bug: still one message, the traceback only when asked for
+        output.internal(exc, verbose="--verbose" in args or "-v" in args)
+        sys.exit(70)

@@ -1,0 +1,91 @@
+"""`dflash stop` and `dflash restart`: end the job, or start it again on the current release."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dflash_ops import operations
+from dflash_ops.cli import output
+from dflash_ops.cli.context import workspace
+from dflash_ops.cli.options import (
+    AcceptKeyOption,
+    CtOption,
+    HostOption,
+    PortOption,
+    TargetOption,
+    UserOption,
+    target_flags,
+)
+
+app = typer.Typer()
+
+
+@app.command()
+def stop(
+    ctx: typer.Context,
+    target: TargetOption = None,
+    host: HostOption = None,
+    user: UserOption = None,
+    port: PortOption = None,
+    ct: CtOption = None,
+    accept_new_host_key: AcceptKeyOption = False,
+) -> None:
+    """Stop the job: SIGINT, then SIGTERM, then SIGKILL, then end its tmux session.
+
+    The trainer gets [job] stop_timeout seconds after SIGINT to save and exit.
+
+    \b
+    Examples:
+      dflash stop
+      dflash stop --target gpu-box
+    """
+    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
+    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
+    try:
+        final = operations.stop(ws)
+    finally:
+        ws.close()
+    where = ws.target.describe()
+    if final is None:
+        output.info(f"No job session {ws.config.job.session!r} on {where}: nothing to stop.")
+    else:
+        output.success(
+            f"Job {final.session!r} on {where} has ended (exit {final.exit_code}); session closed."
+        )
+
+
+@app.command()
+def restart(
+    ctx: typer.Context,
+    clean: Annotated[
+        bool,
+        typer.Option("--clean", help="Archive the checkpoints first: train from scratch."),
+    ] = False,
+    target: TargetOption = None,
+    host: HostOption = None,
+    user: UserOption = None,
+    port: PortOption = None,
+    ct: CtOption = None,
+    accept_new_host_key: AcceptKeyOption = False,
+) -> None:
+    """Stop the job and start it again on the current release.
+
+    Without --clean the trainer resumes from its newest checkpoint; with --clean the
+    checkpoints are moved into <checkpoints>/archive/<time>/ first (nothing is deleted).
+
+    \b
+    Examples:
+      dflash restart
+      dflash restart --clean
+    """
+    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
+    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
+    try:
+        report = operations.restart(ws, clean=clean)
+    finally:
+        ws.close()
+    if report.archived:
+        output.info(f"Archived the checkpoints into {report.archived}.")
+    output.success(f"Restarted job {report.started.session!r} on release {report.release}.")

@@ -1,0 +1,67 @@
+"""`dflash deploy`: ship the trainer to the target and start a fresh (or resumed) job."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dflash_ops import operations
+from dflash_ops.cli import output
+from dflash_ops.cli.context import workspace
+from dflash_ops.cli.options import (
+    AcceptKeyOption,
+    CtOption,
+    HostOption,
+    PortOption,
+    TargetOption,
+    UserOption,
+    target_flags,
+)
+
+app = typer.Typer()
+
+
+@app.command()
+def deploy(
+    ctx: typer.Context,
+    target: TargetOption = None,
+    host: HostOption = None,
+    user: UserOption = None,
+    port: PortOption = None,
+    ct: CtOption = None,
+    accept_new_host_key: AcceptKeyOption = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume", help="Keep the checkpoints in place: the trainer resumes from the newest."
+        ),
+    ] = False,
+) -> None:
+    """Ship trainer/ to the target and (re)start the job there.
+
+    Builds a release (trainer/, the [train] settings, a launch script), sends it as one tar
+    stream into <root>/releases/<id>, switches <root>/current to it, keeps the last 5,
+    stops the running job, archives the old checkpoints (unless --resume) and starts the job
+    in tmux. The target is remembered for the next commands run from this folder.
+
+    \b
+    Examples:
+      dflash deploy                          # [target] from deploy.toml (local by default)
+      dflash deploy --host gpu-box           # an SSH host
+      dflash deploy --host pve --ct 200      # container 200 on a Proxmox node
+      dflash deploy --target gpu-box --resume
+    """
+    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
+    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
+    try:
+        report = operations.deploy(ws, resume=resume, say=output.info)
+    finally:
+        ws.close()
+    if report.removed:
+        output.info(f"Removed old releases: {', '.join(report.removed)}")
+    output.success(
+        f"Deployed {report.release} to {ws.target.describe()}; job {report.started.session!r} "
+        f"{'running' if report.started.running else 'exited already'}."
+    )
+    output.info("Follow it with: dflash logs --follow")

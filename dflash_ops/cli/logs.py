@@ -1,0 +1,78 @@
+"""`dflash logs`: print the job's log, or follow it until the job ends."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dflash_ops.cli import output
+from dflash_ops.cli.context import workspace
+from dflash_ops.cli.options import (
+    AcceptKeyOption,
+    CtOption,
+    HostOption,
+    PortOption,
+    TargetOption,
+    UserOption,
+    target_flags,
+)
+
+app = typer.Typer()
+
+
+@app.command()
+def logs(
+    ctx: typer.Context,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Keep printing new lines; exit with the job's exit code."
+        ),
+    ] = False,
+    tail: Annotated[
+        int, typer.Option("--tail", "-n", min=0, help="How many of the last lines to print first.")
+    ] = 50,
+    target: TargetOption = None,
+    host: HostOption = None,
+    user: UserOption = None,
+    port: PortOption = None,
+    ct: CtOption = None,
+    accept_new_host_key: AcceptKeyOption = False,
+) -> None:
+    """Print the last lines of the job's log; with --follow, stream it until the job ends.
+
+    --follow prints new lines as they are written, survives a dropped connection (it
+    reconnects and resumes at the same byte), and exits with the job's exit code once the
+    job has ended. Ctrl-C only stops watching: the job keeps running.
+
+    \b
+    Examples:
+      dflash logs                 # the last 50 lines
+      dflash logs --tail 200
+      dflash logs --follow        # exit code = the job's exit code
+    """
+    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
+    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
+    try:
+        job = ws.job()
+        body, size = job.tail(tail)
+        output.write_bytes(body)
+        if not follow:
+            if size < 0:
+                output.info(f"No log yet at {ws.log_path} on {ws.target.describe()}.")
+            return
+        final = job.follow(output.write_bytes, offset=max(size, 0), reconnect=ws.reopen)
+    except KeyboardInterrupt:
+        output.info("Detached from the log; the job keeps running.")
+        raise typer.Exit(130) from None
+    finally:
+        ws.close()
+    if not final.exists:
+        output.info(f"No job session {final.session!r} on {ws.target.describe()}.")
+        raise typer.Exit(1)
+    if final.exit_code is None:
+        output.warn("The session ended before its exit status could be read.")
+        raise typer.Exit(1)
+    output.info(f"Job exited with code {final.exit_code}.")
+    raise typer.Exit(final.exit_code)

@@ -1,0 +1,70 @@
+"""Everything the CLI prints: rich on a terminal, plain text when piped.
+
+Progress and errors go to stderr, data (log bytes, `status --json`) to stdout, so
+`dflash logs | grep loss` and `dflash status --json | jq` see only data.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.markup import escape
+
+from dflash_ops.errors import DflashError
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def info(message: str) -> None:
+    err.print(escape(message))
+
+
+def success(message: str) -> None:
+    err.print(f"[green]✓[/green] {escape(message)}")
+
+
+def warn(message: str) -> None:
+    err.print(f"[yellow]warning:[/yellow] {escape(message)}")
+
+
+def error(exc: DflashError) -> None:
+    """One clear message and, when there is one, the next step."""
+    err.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
+    if exc.hint:
+        err.print(f"[cyan]hint:[/cyan] {escape(exc.hint)}")
+
+
+def internal(exc: BaseException, *, verbose: bool) -> None:
+    """A bug: still no traceback unless asked for."""
+    err.print(f"[bold red]error:[/bold red] internal error: {escape(repr(exc))}")
+    if verbose:
+        err.print(escape("".join(traceback.format_exception(exc))))
+    else:
+        err.print("[cyan]hint:[/cyan] Run again with --verbose to see where it happened.")
+
+
+def write_bytes(data: bytes) -> None:
+    """Log bytes go out unchanged and at once (`logs --follow` promises half a second)."""
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def setup_logging(verbose: bool) -> None:
+    if not verbose:
+        logging.getLogger().setLevel(logging.WARNING)
+        return
+    handler: logging.Handler
+    if err.is_terminal:
+        handler = RichHandler(console=err, show_path=False)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.DEBUG, handlers=[handler], force=True)
+    logging.getLogger("paramiko").setLevel(logging.INFO)
+    # libtmux logs whole tmux command lines, which carry the job's env values (tokens, maybe).
+    logging.getLogger("libtmux").setLevel(logging.INFO)

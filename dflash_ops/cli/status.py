@@ -1,0 +1,110 @@
+"""`dflash status`: is the job running, since when, on which release, and how is it doing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from dflash_ops import operations
+from dflash_ops.cli import output
+from dflash_ops.cli.context import workspace
+from dflash_ops.cli.options import (
+    AcceptKeyOption,
+    CtOption,
+    HostOption,
+    PortOption,
+    TargetOption,
+    UserOption,
+    target_flags,
+)
+
+app = typer.Typer()
+
+
+@app.command()
+def status(
+    ctx: typer.Context,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (for scripts).")
+    ] = False,
+    lines: Annotated[
+        int, typer.Option("--lines", "-n", min=0, help="How many last log lines to show.")
+    ] = 10,
+    target: TargetOption = None,
+    host: HostOption = None,
+    user: UserOption = None,
+    port: PortOption = None,
+    ct: CtOption = None,
+    accept_new_host_key: AcceptKeyOption = False,
+) -> None:
+    """Show whether the job runs (or its exit code), since when, the release, the last log
+    lines, and the latest loss and throughput the trainer logged.
+
+    \b
+    Examples:
+      dflash status
+      dflash status --json | jq .running
+    """
+    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
+    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
+    try:
+        report = operations.status(ws, lines=lines)
+    finally:
+        ws.close()
+    if as_json:
+        output.out.print_json(json.dumps(report)) if output.out.is_terminal else print(
+            json.dumps(report)
+        )
+        return
+    _print_human(report)
+
+
+def _print_human(report: dict[str, Any]) -> None:
+    say = output.out.print
+    say(f"[bold]target[/bold]   {escape(report['target'])} ({escape(report['place'])})")
+    if report["running"]:
+        job = f"[green]running[/green] since {_when(report['started_at'])}"
+    elif report["exists"]:
+        code = report["exit_code"]
+        colour = "green" if code == 0 else "red"
+        job = (
+            f"[{colour}]exited with code {code}[/{colour}] (started {_when(report['started_at'])})"
+        )
+    else:
+        job = "[yellow]not running[/yellow] (no session)"
+    say(f"[bold]job[/bold]      {escape(report['session'])}: {job}")
+    say(f"[bold]release[/bold]  {escape(report['release'] or 'none deployed')}")
+    metrics = report["metrics"]
+    if metrics:
+        say(f"[bold]metrics[/bold]  {escape(_metrics(metrics))}")
+    say(f"[bold]log[/bold]      {escape(report['log'])}")
+    for line in report["last_lines"]:
+        say(f"  {escape(line)}")
+
+
+def _when(iso: str | None) -> str:
+    if iso is None:
+        return "?"
+    started = dt.datetime.fromisoformat(iso)
+    seconds = int((dt.datetime.now(dt.UTC) - started).total_seconds())
+    ago = (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+        if seconds >= 3600
+        else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
+    return f"{started:%Y-%m-%d %H:%M:%S} UTC ({ago} ago)"
+
+
+def _metrics(metrics: dict[str, Any]) -> str:
+    parts = []
+    if "step" in metrics:
+        parts.append(f"step {metrics['step']}")
+    if isinstance(metrics.get("loss"), (int, float)):
+        parts.append(f"loss {metrics['loss']:.4f}")
+    if isinstance(metrics.get("tokens_per_s"), (int, float)):
+        parts.append(f"{metrics['tokens_per_s']:,.0f} tokens/s")
+    return " · ".join(parts) or json.dumps(metrics)

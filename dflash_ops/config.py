@@ -1,0 +1,431 @@
+"""`deploy.toml` → typed, validated settings, and the choice of target for one command.
+
+The file is found as `--config FILE`, else `$DFLASH_CONFIG`, else `./deploy.toml`. Every key is
+checked against the shape below; an unknown key or a wrong type is a `ConfigError` that names the
+key and the file, because a typo silently ignored is a multi-day run started with the wrong
+settings.
+
+    [target]            where the job runs when nothing else selects a target
+    [targets.NAME]      named targets (`--target NAME`), same fields as [target]
+    [job]               the tmux session, its log, environment, GPU split, optional command
+    [train]             opaque to us: handed to the trainer as a TOML file
+
+Precedence for a target's fields: command-line flags > the selected target's fields > per-place
+defaults. Selection: `--target NAME` or `--host`, else the target last deployed from this folder
+(`.dflash/state.json`), else `[target]`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dflash_ops import shell
+from dflash_ops.errors import ConfigError, UnsafeValue
+
+CONFIG_ENV = "DFLASH_CONFIG"
+DEFAULT_CONFIG_NAME = "deploy.toml"
+PLACES = ("local", "ssh", "proxmox")
+
+REMOTE_ROOT = "/root/dflash"
+REMOTE_CHECKPOINTS = "/workspace/checkpoints"
+REMOTE_PYTHON = "python3"
+LOCAL_DIR = ".dflash/local"  # relative to the config's folder
+DEFAULT_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+# key → (accepted types, description used in messages)
+_INT = ((int,), "an integer")
+_STR = ((str,), "a string")
+_NUM = ((int, float), "a number")
+_TABLE = ((dict,), "a table")
+_TARGET_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
+    "place": _STR,
+    "host": _STR,
+    "user": _STR,
+    "port": _INT,
+    "ct": _INT,
+    "root": _STR,
+    "checkpoints": _STR,
+    "python": _STR,
+}
+_JOB_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
+    "session": _STR,
+    "log": _STR,
+    "env": _TABLE,
+    "gpus": _INT,
+    "target_gpus": _INT,
+    "command": _STR,
+    "socket": _STR,
+    "stop_timeout": _NUM,
+}
+_TOP_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
+    "target": _TABLE,
+    "targets": _TABLE,
+    "job": _TABLE,
+    "train": _TABLE,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetFlags:
+    """What the command line said about the target; `None` means "not given"."""
+
+    target: str | None = None
+    host: str | None = None
+    user: str | None = None
+    port: int | None = None
+    ct: int | None = None
+
+    @property
+    def selects(self) -> bool:
+        """True when the flags choose a target by themselves (no need for the remembered one)."""
+        return self.target is not None or self.host is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TargetFlags:
+        known = {k: data[k] for k in ("target", "host", "user", "port", "ct") if k in data}
+        return cls(**known)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """A fully resolved place to run the job: every field has its final value."""
+
+    name: str
+    place: str  # "local" | "ssh" | "proxmox"
+    host: str | None = None
+    user: str | None = None
+    port: int | None = None
+    ct: int | None = None
+    root: str
+    checkpoints: str
+    python: str
+
+    @property
+    def remote(self) -> bool:
+        return self.place != "local"
+
+    def describe(self) -> str:
+        """Human words for where the job runs: "local", "gpu@box:2222", "ct 200 on pve"."""
+        if self.place == "local":
+            return "local"
+        host = f"{self.user}@{self.host}" if self.user else str(self.host)
+        if self.port is not None:
+            host += f":{self.port}"
+        return f"ct {self.ct} on {host}" if self.place == "proxmox" else host
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    """The `[job]` table: one tmux session running one command with its log and environment."""
+
+    session: str = "dflash"
+    log: str = "train_stdout.log"
+    env: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_ENV))
+    gpus: int = 0
+    target_gpus: int = 0
+    command: str | None = None
+    socket: str = "dflash"
+    stop_timeout: float = 30.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """One parsed `deploy.toml`. Targets stay raw tables until one is selected and resolved."""
+
+    path: Path
+    default_target: Mapping[str, Any]
+    targets: Mapping[str, Mapping[str, Any]]
+    job: JobConfig
+    train: Mapping[str, Any]
+
+    @property
+    def project_dir(self) -> Path:
+        """The config's folder: `trainer/` is bundled from here, `.dflash/` lives here."""
+        return self.path.parent
+
+
+def find_config(flag: str | Path | None, *, cwd: Path | None = None) -> Path:
+    """`--config FILE`, else `$DFLASH_CONFIG`, else `./deploy.toml`; it must exist."""
+    if flag is not None:
+        path, source = Path(flag), "--config"
+    elif os.environ.get(CONFIG_ENV):
+        path, source = Path(os.environ[CONFIG_ENV]), f"${CONFIG_ENV}"
+    else:
+        path, source = (cwd or Path.cwd()) / DEFAULT_CONFIG_NAME, "the current folder"
+    path = path.expanduser()
+    if not path.is_absolute():
+        path = (cwd or Path.cwd()) / path
+    if not path.is_file():
+        raise ConfigError(
+            f"No config file at {path} (from {source}).",
+            hint="Run dflash in the project folder (it has deploy.toml), or pass --config FILE.",
+        )
+    return path.resolve()
+
+
+def load_config(path: Path) -> Config:
+    """Read and check one `deploy.toml`. Errors name the key and the file."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"Cannot read {path}: {exc}.") from None
+    _check_keys(raw, _TOP_KEYS, prefix="", path=path)
+    default_target = raw.get("target", {})
+    _check_target(default_target, prefix="target", path=path)
+    targets = raw.get("targets", {})
+    for name, table in targets.items():
+        if not isinstance(table, dict):
+            raise _type_error(f"targets.{name}", table, "a table", path)
+        _check_target(table, prefix=f"targets.{name}", path=path)
+    job = _job_config(raw.get("job", {}), path=path)
+    return Config(
+        path=path,
+        default_target=default_target,
+        targets=targets,
+        job=job,
+        train=raw.get("train", {}),
+    )
+
+
+def resolve_target(config: Config, flags: TargetFlags, *, remembered: TargetFlags | None) -> Target:
+    """Choose the target for this command and give every field its final value.
+
+    Flags that select a target (`--target`, `--host`) win; otherwise the target remembered from
+    the last deploy from this folder is used, with `--user`/`--port` still applied on top.
+    """
+    if flags.ct is not None and flags.host is None:
+        raise ConfigError(
+            "--ct needs --host: the container lives on a Proxmox node that must be named.",
+            hint="Use: dflash deploy --host <proxmox node> --ct <id>, or a [targets.NAME] table.",
+        )
+    chosen = flags
+    if not flags.selects and remembered is not None:
+        chosen = TargetFlags(
+            target=remembered.target,
+            host=remembered.host,
+            ct=remembered.ct,
+            user=flags.user if flags.user is not None else remembered.user,
+            port=flags.port if flags.port is not None else remembered.port,
+        )
+    table: Mapping[str, Any]
+    if chosen.target is not None:
+        if chosen.target not in config.targets:
+            known = ", ".join(sorted(config.targets)) or "none"
+            where = "remembered in .dflash/state.json" if chosen is not flags else "given"
+            raise ConfigError(
+                f"No target named {chosen.target!r} ({where}) in {config.path}; known: {known}.",
+                hint=f"Add a [targets.{chosen.target}] table, or choose another with --target NAME.",
+            )
+        table, name = config.targets[chosen.target], chosen.target
+    elif chosen.host is not None:
+        table, name = {}, chosen.host if chosen.ct is None else f"{chosen.host}/ct{chosen.ct}"
+    else:
+        table, name = config.default_target, "default"
+    fields = dict(table)
+    if chosen.host is not None:
+        fields["host"] = chosen.host
+        fields["place"] = "proxmox" if chosen.ct is not None else "ssh"
+        if chosen.ct is not None:
+            fields["ct"] = chosen.ct
+    for key in ("user", "port"):
+        value = getattr(chosen, key)
+        if value is not None:
+            fields[key] = value
+    return _finish_target(name, fields, config=config)
+
+
+def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> Target:
+    """Apply per-place defaults and check the combination (the message names the key)."""
+    where = f"target {name!r} (from {config.path} and the command line)"
+    place = fields.get("place", "local")
+    if place not in PLACES:
+        raise ConfigError(
+            f"{where}: place = {place!r} is not one of {', '.join(PLACES)}.",
+            hint='Set place = "local", "ssh" or "proxmox".',
+        )
+    host, ct = fields.get("host"), fields.get("ct")
+    port, user = fields.get("port"), fields.get("user")
+    if place == "local":
+        for key in ("host", "ct", "user", "port"):
+            if fields.get(key) is not None:
+                raise ConfigError(
+                    f'{where}: {key!r} is set but place is "local".',
+                    hint=f'Remove {key!r}, or set place = "ssh" (or "proxmox").',
+                )
+        base = config.project_dir / LOCAL_DIR
+        root = _local_path(fields.get("root"), default=base, config=config)
+        checkpoints = _local_path(
+            fields.get("checkpoints"), default=Path(root) / "checkpoints", config=config
+        )
+        python = fields.get("python", sys.executable)
+    else:
+        if not host:
+            raise ConfigError(
+                f"{where}: place is {place!r} but no host is set.",
+                hint='Set host = "..." in the target\'s table, or pass --host.',
+            )
+        if place == "proxmox" and ct is None:
+            raise ConfigError(
+                f'{where}: place is "proxmox" but no container id (ct) is set.',
+                hint="Set ct = 200 in the target's table, or pass --ct.",
+            )
+        if place == "ssh" and ct is not None:
+            raise ConfigError(
+                f'{where}: ct = {ct} is set but place is "ssh".',
+                hint='Set place = "proxmox" to run inside the container, or remove ct.',
+            )
+        root = _remote_path("root", fields.get("root", REMOTE_ROOT), where)
+        checkpoints = _remote_path(
+            "checkpoints", fields.get("checkpoints", REMOTE_CHECKPOINTS), where
+        )
+        python = fields.get("python", REMOTE_PYTHON)
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"{where}: port = {port} is not a TCP port (1-65535).")
+    if ct is not None:
+        try:
+            ct = shell.container_id(ct)
+        except UnsafeValue as exc:
+            raise ConfigError(f"{where}: ct: {exc}") from None
+    if host is not None and (
+        host.startswith("-") or not host.strip() or any(c.isspace() for c in host)
+    ):
+        raise ConfigError(f"{where}: host = {host!r} is not a host name or address.")
+    if not python:
+        raise ConfigError(f"{where}: python is empty.", hint='Set python = "python3".')
+    return Target(
+        name=name,
+        place=place,
+        host=host,
+        user=user,
+        port=port,
+        ct=ct,
+        root=root,
+        checkpoints=checkpoints,
+        python=python,
+    )
+
+
+def _local_path(value: str | None, *, default: Path, config: Config) -> str:
+    path = default if value is None else Path(value).expanduser()
+    if not path.is_absolute():
+        path = config.project_dir / path
+    return shell.remote_path(os.path.normpath(path))
+
+
+def _remote_path(key: str, value: str, where: str) -> str:
+    try:
+        return shell.remote_path(value)
+    except UnsafeValue as exc:
+        raise ConfigError(
+            f"{where}: {key}: {exc}", hint=f"Set {key} to an absolute folder."
+        ) from None
+
+
+def _check_keys(
+    table: Mapping[str, Any],
+    schema: Mapping[str, tuple[tuple[type, ...], str]],
+    *,
+    prefix: str,
+    path: Path,
+) -> None:
+    for key, value in table.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        if key not in schema:
+            known = ", ".join(schema)
+            raise ConfigError(
+                f"Unknown key {dotted!r} in {path}.",
+                hint=f"Known keys{' in [' + prefix + ']' if prefix else ''}: {known}.",
+            )
+        types, words = schema[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise _type_error(dotted, value, words, path)
+
+
+def _type_error(key: str, value: Any, words: str, path: Path) -> ConfigError:
+    return ConfigError(
+        f"Key {key!r} in {path} must be {words}, not {value!r} ({_toml_type(value)}).",
+    )
+
+
+def _toml_type(value: Any) -> str:
+    names = {bool: "boolean", int: "integer", float: "float", str: "string", dict: "table"}
+    return names.get(type(value), "array" if isinstance(value, list) else type(value).__name__)
+
+
+def _check_target(table: Mapping[str, Any], *, prefix: str, path: Path) -> None:
+    _check_keys(table, _TARGET_KEYS, prefix=prefix, path=path)
+    place = table.get("place")
+    if place is not None and place not in PLACES:
+        raise ConfigError(
+            f"Key '{prefix}.place' in {path} must be one of {', '.join(PLACES)}, not {place!r}.",
+        )
+
+
+def _job_config(table: Mapping[str, Any], *, path: Path) -> JobConfig:
+    _check_keys(table, _JOB_KEYS, prefix="job", path=path)
+    env = dict(DEFAULT_ENV)
+    for key, value in table.get("env", {}).items():
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise _type_error(f"job.env.{key}", value, "a string (or a number)", path)
+        try:
+            env[shell.env_key(key)] = shell.env_value(str(value))
+        except UnsafeValue as exc:
+            raise ConfigError(f"Key 'job.env.{key}' in {path}: {exc}") from None
+    values: dict[str, Any] = {k: v for k, v in table.items() if k != "env"}
+    for key in ("session", "socket"):
+        if key in values:
+            _check_name(f"job.{key}", values[key], path)
+    for key in ("gpus", "target_gpus"):
+        if key in values and values[key] < 0:
+            raise ConfigError(f"Key 'job.{key}' in {path} must be 0 or more, not {values[key]}.")
+    job = JobConfig(env=env, **values)
+    if job.gpus > 0 and job.target_gpus >= job.gpus:
+        raise ConfigError(
+            f"Key 'job.target_gpus' in {path} is {job.target_gpus} but job.gpus is {job.gpus}: "
+            "at least one GPU must train the drafter.",
+            hint="Set job.target_gpus below job.gpus.",
+        )
+    if job.gpus == 0 and job.target_gpus:
+        raise ConfigError(
+            f"Key 'job.target_gpus' in {path} is {job.target_gpus} but job.gpus is 0 (CPU).",
+            hint="Set job.gpus to the number of GPUs, or job.target_gpus = 0.",
+        )
+    if job.stop_timeout <= 0:
+        raise ConfigError(f"Key 'job.stop_timeout' in {path} must be more than 0 seconds.")
+    if job.command is not None and not job.command.strip():
+        raise ConfigError(f"Key 'job.command' in {path} is empty.", hint="Remove it or set it.")
+    _check_log(job.log, path)
+    return job
+
+
+def _check_name(key: str, value: str, path: Path) -> None:
+    """tmux names: the shared validator, minus '.', which tmux rewrites to '_' in names."""
+    try:
+        shell.session_name(value)
+    except UnsafeValue as exc:
+        raise ConfigError(f"Key {key!r} in {path}: {exc}") from None
+    if "." in value:
+        raise ConfigError(
+            f"Key {key!r} in {path}: {value!r} contains '.', which tmux rewrites in names.",
+            hint="Use letters, digits, '_' or '-'.",
+        )
+
+
+def _check_log(log: str, path: Path) -> None:
+    parts = log.split("/")
+    if not log or "\x00" in log or "\n" in log or ".." in parts or log.endswith("/"):
+        raise ConfigError(
+            f"Key 'job.log' in {path} must be a file name (relative to checkpoints) or an "
+            f"absolute path without '..', not {log!r}.",
+        )

@@ -1,0 +1,149 @@
+"""What each command does, in order, on a `Workspace`. The CLI only parses and prints.
+
+deploy:  build the bundle → push it (one tar stream) → switch `current` → keep the last 5 →
+         stop the running job → archive the checkpoints (unless resuming) → start the job →
+         remember the target in `.dflash/state.json`.
+restart: stop → archive (with `--clean`) → start the job of the current release.
+stop:    SIGINT, SIGTERM, SIGKILL to the job's process group, then end the session.
+status:  the session's state, the release, the last log lines and the trainer's last metrics.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dflash_ops import state
+from dflash_ops.job import JobState
+from dflash_ops.launch import LaunchPlan
+from dflash_ops.release import KEEP, build_bundle, new_release_id
+from dflash_ops.workspace import Workspace
+
+log = logging.getLogger(__name__)
+Say = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeployReport:
+    release: str
+    removed: list[str]
+    stopped: JobState | None
+    archived: str | None
+    started: JobState
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestartReport:
+    release: str
+    stopped: JobState | None
+    archived: str | None
+    started: JobState
+
+
+def start_job(ws: Workspace) -> JobState:
+    """Start the current release's `launch.sh` in the job session."""
+    root = ws.target.root
+    return ws.job().start(
+        ["bash", f"{root}/current/launch.sh"],
+        cwd=f"{root}/current",
+        env=ws.config.job.env,
+    )
+
+
+def deploy(ws: Workspace, *, resume: bool = False, say: Say = _quiet) -> DeployReport:
+    job_config = ws.config.job
+    plan = LaunchPlan(
+        release_id=new_release_id(),
+        python=ws.target.python,
+        checkpoints=ws.target.checkpoints,
+        gpus=job_config.gpus,
+        target_gpus=job_config.target_gpus,
+        command=job_config.command,
+    )
+    bundle = build_bundle(
+        ws.config.project_dir, plan=plan, train=ws.config.train, target=ws.target.describe()
+    )
+    say(f"Release {bundle.release_id} ({len(bundle.data) / 1024:.0f} KiB) → {ws.target.describe()}")
+    releases = ws.releases()
+    removed = releases.deploy(bundle, keep=KEEP)
+    stopped = ws.job().stop()
+    if stopped is not None:
+        say(f"Stopped the previous job (exit {stopped.exit_code}).")
+    archived = None if resume else ws.checkpoints().archive()
+    if archived:
+        say(f"Archived the previous checkpoints into {archived}.")
+    started = start_job(ws)
+    state.save(
+        ws.config.project_dir,
+        state.DeployRecord(
+            flags=ws.flags,
+            target=ws.target.describe(),
+            release=bundle.release_id,
+            deployed_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        ),
+    )
+    return DeployReport(
+        release=bundle.release_id,
+        removed=removed,
+        stopped=stopped,
+        archived=archived,
+        started=started,
+    )
+
+
+def restart(ws: Workspace, *, clean: bool = False) -> RestartReport:
+    release = ws.releases().require_current()
+    stopped = ws.job().stop()
+    archived = ws.checkpoints().archive() if clean else None
+    started = start_job(ws)
+    return RestartReport(release=release, stopped=stopped, archived=archived, started=started)
+
+
+def stop(ws: Workspace) -> JobState | None:
+    return ws.job().stop()
+
+
+def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:
+    """Everything `dflash status` shows, as one JSON-ready object."""
+    job = ws.job()
+    current = job.state()
+    body, size = job.tail(lines)
+    started = (
+        dt.datetime.fromtimestamp(current.started_at, dt.UTC).isoformat(timespec="seconds")
+        if current.started_at is not None
+        else None
+    )
+    return {
+        "target": ws.target.name,
+        "place": ws.target.describe(),
+        "session": current.session,
+        "exists": current.exists,
+        "running": current.running,
+        "exit_code": current.exit_code,
+        "started_at": started,
+        "release": ws.releases().current(),
+        "log": ws.log_path,
+        "log_bytes": max(size, 0),
+        "last_lines": body.decode("utf-8", "replace").splitlines(),
+        "metrics": last_metrics(ws),
+    }
+
+
+def last_metrics(ws: Workspace) -> dict[str, Any] | None:
+    """The last line of `<checkpoints>/metrics.jsonl` (step, loss, tokens_per_s, time, …)."""
+    result = ws.place.run(["tail", "-n", "1", "--", ws.metrics_path], check=False)
+    if result.exit_code != 0 or not result.stdout.strip():
+        return None
+    try:
+        data = json.loads(result.stdout.decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None

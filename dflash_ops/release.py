@@ -1,0 +1,241 @@
+"""Releases: build the code bundle, push it to `<root>/releases/<id>`, switch `current`.
+
+A bundle is one tar: `trainer/` (without caches), `train.toml` (the resolved `[train]` table),
+`launch.sh` (see `launch.py`), `command.sh` when `[job] command` is set, and `RELEASE.json`
+(id, creation time, source revision, who deployed it from where).
+
+It travels as ONE stream into `tar -x` at the place — through `pct exec` stdin for a container,
+so no path on the Proxmox host is assumed — into `releases/<id>.tmp`. Only a complete unpack is
+renamed to `releases/<id>`, and only then does `current` move: a new symlink under a temporary
+name renamed over the old one (`ln -sfn` + `mv -T`, an atomic rename). An interrupted deploy
+therefore leaves the previous `current` untouched; the next deploy removes its `.tmp`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import io
+import json
+import logging
+import re
+import secrets
+import socket
+import subprocess
+import tarfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dflash_ops import shell, toml_writer
+from dflash_ops.errors import ReleaseError, RemoteCommandFailed
+from dflash_ops.launch import COMMAND_FILE, TRAIN_CONFIG, LaunchPlan, render
+
+if TYPE_CHECKING:
+    from dflash_ops.place import Place
+
+log = logging.getLogger(__name__)
+
+KEEP = 5
+RELEASE_ID = re.compile(r"\d{8}-\d{6}-\d{3}-[0-9a-f]{4}")
+_SKIP = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+
+# Makes room for the release and unpacks stdin into `releases/<id>.tmp`. Unfinished releases
+# of earlier, interrupted deploys (`*.tmp`) are removed first.
+_UNPACK = (
+    "set -e\n"
+    'rel=$1/releases; mkdir -p -- "$rel"\n'
+    'for d in "$rel"/*.tmp; do if [ -e "$d" ]; then rm -rf -- "$d"; fi; done\n'
+    'mkdir -- "$rel/$2.tmp"\n'
+    'exec tar -x --no-same-owner -C "$rel/$2.tmp" -f -\n'
+)
+
+# Marks the release complete, points `current` at it atomically, and lists all releases.
+_SWITCH = (
+    "set -e\n"
+    'cd -- "$1"\n'
+    'if [ -e "releases/$2.tmp" ]; then mv -T -- "releases/$2.tmp" "releases/$2"; fi\n'
+    '[ -d "releases/$2" ]\n'
+    'ln -sfn -- "releases/$2" .current.tmp\n'
+    "mv -T -- .current.tmp current\n"
+    "ls -1 -- releases\n"
+)
+
+
+def new_release_id(now: dt.datetime | None = None) -> str:
+    """`YYYYmmdd-HHMMSS-mmm-xxxx` (UTC): sorts by time, unique across machines."""
+    now = now or dt.datetime.now(dt.UTC)
+    return f"{now:%Y%m%d-%H%M%S}-{now.microsecond // 1000:03d}-{secrets.token_hex(2)}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bundle:
+    release_id: str
+    data: bytes
+    meta: Mapping[str, Any]
+
+
+def source_revision(folder: Path) -> dict[str, Any] | None:
+    """The git commit of `folder` (and whether the tree has changes), or None outside git."""
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if rev.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", str(folder), "status", "--porcelain", "--", "trainer"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {"revision": rev.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+def build_bundle(
+    project_dir: Path,
+    *,
+    plan: LaunchPlan,
+    train: Mapping[str, Any],
+    target: str,
+) -> Bundle:
+    """Tar `trainer/` and the generated files in memory (the trainer is a few hundred KB)."""
+    trainer = project_dir / "trainer"
+    if plan.command is None and not (trainer / "train.py").is_file():
+        raise ReleaseError(
+            f"No trainer to deploy: {trainer / 'train.py'} does not exist.",
+            hint="Run dflash from the project folder, or set [job] command in deploy.toml.",
+        )
+    meta = {
+        "id": plan.release_id,
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "source": source_revision(project_dir),
+        "by": f"{getpass.getuser()}@{socket.gethostname()}",
+        "target": target,
+        "gpus": plan.gpus,
+        "command": plan.command is not None,
+    }
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        if trainer.is_dir():
+            tar.add(trainer, arcname="trainer", filter=_clean, recursive=True)
+        _add(tar, TRAIN_CONFIG, toml_writer.dumps(train).encode())
+        _add(tar, "launch.sh", render(plan).encode(), mode=0o755)
+        if plan.command is not None:
+            _add(tar, COMMAND_FILE, plan.command.encode() + b"\n")
+        _add(tar, "RELEASE.json", (json.dumps(meta, indent=2) + "\n").encode())
+    return Bundle(release_id=plan.release_id, data=buffer.getvalue(), meta=meta)
+
+
+def _clean(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """Drop caches and bytecode; own everything as root:root (the place's user takes it)."""
+    parts = info.name.split("/")
+    if any(part in _SKIP for part in parts) or info.name.endswith((".pyc", ".pyo")):
+        return None
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes, *, mode: int = 0o644) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), mode
+    info.mtime = int(dt.datetime.now(dt.UTC).timestamp())
+    tar.addfile(info, io.BytesIO(data))
+
+
+class Releases:
+    """The releases under `root` at `place`: `releases/<id>/` and the `current` symlink."""
+
+    def __init__(self, place: Place, root: str) -> None:
+        self.place = place
+        self.root = shell.remote_path(root)
+
+    @property
+    def current_path(self) -> str:
+        return f"{self.root}/current"
+
+    def push(self, bundle: Bundle) -> None:
+        """Unpack the bundle, streamed as one tar, into `releases/<id>.tmp`."""
+        try:
+            self.place.run(
+                ["bash", "-c", _UNPACK, "dflash-unpack", self.root, _checked(bundle.release_id)],
+                stdin=bundle.data,
+            )
+        except RemoteCommandFailed as exc:
+            raise ReleaseError(
+                f"Could not unpack release {bundle.release_id} into {self.root}/releases on "
+                f"{self.place.description}: {_last_line(exc.stderr)}",
+                hint="Check free space and permissions there; the current release is unchanged.",
+            ) from None
+
+    def switch(self, release_id: str) -> list[str]:
+        """Complete `release_id` and point `current` at it; returns every release, oldest first."""
+        try:
+            result = self.place.run(
+                ["bash", "-c", _SWITCH, "dflash-switch", self.root, _checked(release_id)]
+            )
+        except RemoteCommandFailed as exc:
+            raise ReleaseError(
+                f"Could not switch {self.current_path} to release {release_id} on "
+                f"{self.place.description}: {_last_line(exc.stderr)}",
+                hint=f"{self.current_path} must be a symlink (or absent); check it by hand.",
+            ) from None
+        names = result.stdout.decode("utf-8", "replace").splitlines()
+        return sorted(n for n in names if RELEASE_ID.fullmatch(n))
+
+    def prune(
+        self, releases: list[str], *, keep: int = KEEP, current: str | None = None
+    ) -> list[str]:
+        """Delete all but the newest `keep` releases (never the current one)."""
+        current = current or self.current()
+        old = [r for r in sorted(releases)[:-keep] if r != current] if keep > 0 else []
+        if old:
+            paths = [f"{self.root}/releases/{_checked(r)}" for r in old]
+            self.place.run(["rm", "-rf", "--", *paths])
+        return old
+
+    def deploy(self, bundle: Bundle, *, keep: int = KEEP) -> list[str]:
+        """push → switch → prune; returns the releases that were removed."""
+        self.push(bundle)
+        releases = self.switch(bundle.release_id)
+        return self.prune(releases, keep=keep, current=bundle.release_id)
+
+    def current(self) -> str | None:
+        """The id `current` points at, or None before the first deploy."""
+        result = self.place.run(["readlink", "--", self.current_path], check=False)
+        if result.exit_code != 0:
+            return None
+        name = result.stdout.decode("utf-8", "replace").strip().rsplit("/", 1)[-1]
+        return name if RELEASE_ID.fullmatch(name) else None
+
+    def list(self) -> list[str]:
+        result = self.place.run(["ls", "-1", "--", f"{self.root}/releases"], check=False)
+        names = result.stdout.decode("utf-8", "replace").splitlines()
+        return sorted(n for n in names if RELEASE_ID.fullmatch(n))
+
+    def require_current(self) -> str:
+        release = self.current()
+        if release is None:
+            raise ReleaseError(
+                f"Nothing is deployed at {self.root} on {self.place.description}.",
+                hint="Deploy first: dflash deploy",
+            )
+        return release
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else "no error output"
+
+
+def _checked(release_id: str) -> str:
+    if not RELEASE_ID.fullmatch(release_id):
+        raise ReleaseError(f"{release_id!r} is not a release id.")
+    return release_id

@@ -1,0 +1,118 @@
+"""One command's view of the world: the config, the chosen target, and the place it lives at.
+
+The CLI builds a `Workspace` from its flags; the operations (`operations.py`) get the job, the
+releases and the checkpoints of the target from it. The place is opened on first use and checked
+(`ensure_ready`: e.g. `pct` present, container exists and runs) before anything acts on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dflash_ops import state
+from dflash_ops.checkpoints import Checkpoints
+from dflash_ops.config import Config, Target, TargetFlags, find_config, load_config, resolve_target
+from dflash_ops.job import Job
+from dflash_ops.release import Releases
+
+if TYPE_CHECKING:
+    from dflash_ops.place import Place
+
+
+def open_place(target: Target, *, accept_new_host_key: bool = False) -> Place:
+    """The place of `target`: this machine, an SSH host, or a container on a Proxmox node."""
+    from dflash_ops.place import ContainerPlace, HostPlace
+    from dflash_ops.transport import LocalTransport, SSHTransport
+
+    if target.place == "local":
+        return HostPlace(LocalTransport())
+    assert target.host is not None
+    transport = SSHTransport(
+        target.host,
+        user=target.user,
+        port=target.port,
+        accept_new_host_key=accept_new_host_key,
+    )
+    if target.place == "proxmox":
+        assert target.ct is not None
+        return ContainerPlace(transport, target.ct)
+    return HostPlace(transport)
+
+
+@dataclass(kw_only=True)
+class Workspace:
+    config: Config
+    target: Target
+    flags: TargetFlags
+    accept_new_host_key: bool = False
+    _place: Place | None = field(default=None, repr=False)
+
+    @classmethod
+    def load(
+        cls,
+        *,
+        config_file: str | Path | None,
+        flags: TargetFlags,
+        accept_new_host_key: bool = False,
+    ) -> Workspace:
+        config = load_config(find_config(config_file))
+        record = state.load(config.project_dir)
+        remembered = record.flags if record is not None else None
+        target = resolve_target(config, flags, remembered=remembered)
+        effective = flags if flags.selects or remembered is None else remembered
+        return cls(
+            config=config,
+            target=target,
+            flags=effective,
+            accept_new_host_key=accept_new_host_key,
+        )
+
+    @property
+    def place(self) -> Place:
+        if self._place is None:
+            place = open_place(self.target, accept_new_host_key=self.accept_new_host_key)
+            try:
+                place.ensure_ready()
+            except BaseException:
+                place.close()
+                raise
+            self._place = place
+        return self._place
+
+    def reopen(self) -> Place:
+        """A fresh connection to the same place (after the old one dropped)."""
+        self.close()
+        return self.place
+
+    def close(self) -> None:
+        if self._place is not None:
+            self._place.close()
+            self._place = None
+
+    @property
+    def log_path(self) -> str:
+        log = self.config.job.log
+        return log if log.startswith("/") else f"{self.target.checkpoints}/{log}"
+
+    @property
+    def metrics_path(self) -> str:
+        return f"{self.target.checkpoints}/metrics.jsonl"
+
+    def job(self) -> Job:
+        job = self.config.job
+        return Job(
+            self.place,
+            session=job.session,
+            log=self.log_path,
+            socket=job.socket,
+            local=self.target.place == "local",
+            stop_timeout=job.stop_timeout,
+        )
+
+    def releases(self) -> Releases:
+        return Releases(self.place, self.target.root)
+
+    def checkpoints(self) -> Checkpoints:
+        return Checkpoints(self.place, self.target.checkpoints)
