@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 
 from trainer.config import load_config
@@ -45,11 +47,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
+    split = int(os.environ.get("WORLD_SIZE", "1")) > 1  # under torchrun: trainer.split
+    if split:  # taken by a watchdog thread (trainer.distributed); block before torch starts threads
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         config = load_config(args.config, args.overrides)  # fails fast, before torch loads
-        from trainer.trainer import Trainer
+        if split:
+            from trainer.distributed import roles_from_env
+            from trainer.split import run_split
 
-        Trainer(config, args.out, force_resume=args.force_resume).run()
+            run_split(config, args.out, roles_from_env(), force_resume=args.force_resume)
+        else:
+            from trainer.trainer import Trainer
+
+            Trainer(config, args.out, force_resume=args.force_resume).run()
     except TrainerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
