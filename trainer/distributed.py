@@ -24,6 +24,7 @@ Nothing waits forever:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -249,10 +250,8 @@ class Session:
 
     def abort(self, message: str) -> None:
         """Tell every rank why this one stops (read by their watchdogs)."""
-        try:
+        with contextlib.suppress(Exception):  # the store may be gone: the exit code still tells
             self.store.set("abort", f"{self.roles.describe()}: {message}")
-        except Exception:  # the store may be gone already: the exit code still tells
-            pass
 
     def start_watchdog(self, *, emit: Callable[[str], None] = print) -> None:
         threading.Thread(

@@ -26,9 +26,9 @@ drafter trains it, and a 1 + 1 split repeats the colocated run's losses.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -312,7 +312,22 @@ def _run_drafter(
     stats.publish(force=True)
     if lead:
         _check_counts(session, expected=(config.run.steps - start_step) * d, emit=emit)
-    return {"rank": roles.rank, "role": DRAFTER, "batches": len(trained), "indices": trained}
+    return {
+        "rank": roles.rank,
+        "role": DRAFTER,
+        "batches": len(trained),
+        "indices": trained,
+        "params_sha256": params_digest(drafter),
+    }
+
+
+def params_digest(module: torch.nn.Module) -> str:
+    """A digest of all parameters: equal on every drafter rank when DDP kept them in sync."""
+    h = hashlib.sha256()
+    for name, p in module.state_dict().items():
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
 
 
 def _find_checkpoint(
