@@ -32,6 +32,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -225,7 +226,6 @@ def _run_drafter(
     force_resume: bool,
 ) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from transformers import AutoConfig
 
     roles, store, device = session.roles, session.store, session.device
     lead = roles.rank == roles.num_targets  # drafter rank 0: logs, checkpoints
@@ -236,8 +236,8 @@ def _run_drafter(
     if lead:
         store.set("start", json.dumps({"step": step, "position": vars(position)}))
     meta = json.loads(session.wait_get("target_meta", what="target rank 0 to load the target"))
-    raw = dict(meta["config"])
-    target_config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    # the drafter reads plain attributes of the target's config: no `transformers` import here
+    target_config = SimpleNamespace(**meta["config"])
     frozen = share_frozen(session, None, device=device)
     torch.manual_seed(config.run.seed)
     shape = shape_from_target(target_config, config.model, num_features=len(meta["layers"]))
