@@ -124,6 +124,7 @@ class _Outgoing:
     tensors: list[Tensor]
     works: list[dist.Work] | None = None  # None until claimed
     drafter: int = -1
+    ready: torch.cuda.Event | None = None  # CUDA: recorded after the forward that made it
 
 
 class TargetEndpoint:
@@ -139,6 +140,10 @@ class TargetEndpoint:
         self.seq = 0
         self.outgoing: list[_Outgoing] = []
         self.sent_batches = 0
+        # sends are issued from a side stream that waits only for their batch's forward: issued
+        # from the compute stream they would also wait for the next forward queued behind it
+        cuda = session.device.type == "cuda"
+        self.side = torch.cuda.Stream(session.device) if cuda else None
 
     @property
     def in_flight(self) -> int:
@@ -155,7 +160,11 @@ class TargetEndpoint:
             features, target=self.rank, seq=self.seq, index=index, has_last=self.has_last
         )
         self.seq += 1
-        self.outgoing.append(_Outgoing(h, payload(features, has_last=self.has_last)))
+        out = _Outgoing(h, payload(features, has_last=self.has_last))
+        if self.side is not None:
+            out.ready = torch.cuda.Event()
+            out.ready.record()
+        self.outgoing.append(out)
         slot = self.s.store.add(f"s{segment}/tail", 1) - 1
         self.s.store.set(f"s{segment}/q/{slot}", h.encode())
 
@@ -168,7 +177,12 @@ class TargetEndpoint:
             if not self.s.store.check([key]):
                 continue
             out.drafter = int(self.s.store.get(key))
-            out.works = [dist.isend(t, dst=out.drafter) for t in out.tensors]
+            if self.side is not None:
+                with torch.cuda.stream(self.side):
+                    self.side.wait_event(out.ready)
+                    out.works = [dist.isend(t, dst=out.drafter) for t in out.tensors]
+            else:
+                out.works = [dist.isend(t, dst=out.drafter) for t in out.tensors]
             if self.s.backend != "nccl":  # gloo completes only in wait(); the drafter is receiving
                 for w in out.works:
                     self.s.wait_work(
@@ -196,7 +210,9 @@ class TargetEndpoint:
             self.service()
             return self.in_flight < self.max_in_flight
 
-        return self.s.wait_for(ready, what="a drafter to take a batch (backpressure)")
+        return self.s.wait_for(
+            ready, what="a drafter to take a batch (backpressure)", max_poll_s=0.002
+        )
 
     def end_segment(self, segment: int) -> None:
         self.s.store.add(f"s{segment}/done", 1)
@@ -209,8 +225,24 @@ class TargetEndpoint:
         return self.s.wait_for(ready, what="the drafters to take the last batches")
 
 
+@dataclass
+class Claim:
+    """A drafter's claim on one queue slot; `works` once its payload receives are posted."""
+
+    segment: int
+    slot: int
+    started: float
+    header: Header | None = None
+    buffers: list[Tensor] | None = None
+    works: list[dist.Work] | None = None
+
+
 class DrafterEndpoint:
-    """The drafter side: claim the next queue slot, receive its payload."""
+    """The drafter side: claim the next queue slot, receive its payload.
+
+    `claim` + `try_start` let a drafter claim its next batch and post the receives before it
+    trains on the current one, so the transfer overlaps the step (when the entry is already
+    there; otherwise `complete` waits for it after the step)."""
 
     def __init__(self, session: Session, *, device: torch.device) -> None:
         self.s = session
@@ -220,38 +252,56 @@ class DrafterEndpoint:
 
     def receive(self, segment: int) -> tuple[Features, Header, float]:
         """→ (features, header, seconds waited on the targets)."""
-        start = time.perf_counter()
+        return self.complete(self.claim(segment))
+
+    def claim(self, segment: int) -> Claim:
+        slot = self.s.store.add(f"s{segment}/head", 1) - 1
+        return Claim(segment, slot, time.perf_counter())
+
+    def try_start(self, c: Claim) -> bool:
+        """Post the receives if the slot's entry is there (never blocks)."""
+        if c.works is not None:
+            return True
         store = self.s.store
-        slot = store.add(f"s{segment}/head", 1) - 1
-        key = f"s{segment}/q/{slot}"
+        key = f"s{c.segment}/q/{c.slot}"
+        if not store.check([key]):
+            return False
+        h = Header.decode(store.get(key))
+        store.set(f"claim/{h.target}/{h.seq}", str(self.rank))
+        dtype = DTYPES[h.dtype]
+        bufs = [torch.empty(h.bsz, h.seq_len, h.feat_dim, dtype=dtype, device=self.device)]
+        if h.has_last:
+            bufs.append(torch.empty(h.bsz, h.seq_len, h.hidden, dtype=dtype, device=self.device))
+        bufs.append(torch.empty(h.ints_numel, dtype=torch.long, device=self.device))
+        c.header, c.buffers = h, bufs
+        c.works = [dist.irecv(t, src=h.target) for t in bufs]
+        return True
+
+    def complete(self, c: Claim) -> tuple[Features, Header, float]:
+        start = time.perf_counter()
         polls = 0
 
         def ready() -> bool:
             nonlocal polls
             polls += 1
-            if store.check([key]):
+            if self.try_start(c):
                 return True
-            if polls % 200 == 0:
-                self._check_not_lost(segment, slot)
+            if polls % 500 == 0:
+                self._check_not_lost(c.segment, c.slot)
             return False
 
-        self.s.wait_for(ready, what=f"a batch from a target (segment {segment}, slot {slot})")
-        h = Header.decode(store.get(key))
-        store.set(f"claim/{h.target}/{h.seq}", str(self.rank))
-        dtype = DTYPES[h.dtype]
-        hidden = torch.empty(h.bsz, h.seq_len, h.feat_dim, dtype=dtype, device=self.device)
-        last = (
-            torch.empty(h.bsz, h.seq_len, h.hidden, dtype=dtype, device=self.device)
-            if h.has_last
-            else None
+        self.s.wait_for(
+            ready,
+            what=f"a batch from a target (segment {c.segment}, slot {c.slot})",
+            max_poll_s=0.002,
         )
-        ints = torch.empty(h.ints_numel, dtype=torch.long, device=self.device)
-        bufs = [hidden] + ([last] if last is not None else []) + [ints]
-        works = [dist.irecv(t, src=h.target) for t in bufs]
-        for w in works:
+        h, bufs = c.header, c.buffers
+        assert h is not None and bufs is not None and c.works is not None
+        for w in c.works:
             self.s.wait_work(w, what=f"the payload of batch {h.index} from rank {h.target}")
         self.received += 1
-        return unpack(h, hidden, last, ints), h, time.perf_counter() - start
+        last = bufs[1] if h.has_last else None
+        return unpack(h, bufs[0], last, bufs[-1]), h, time.perf_counter() - start
 
     def _check_not_lost(self, segment: int, slot: int) -> None:
         store = self.s.store

@@ -104,8 +104,10 @@ def run_split(
     emit: Callable[[str], None] | None = None,
     target_loader: TargetLoader = default_target_loader,
     session: Session | None = None,
+    save_checkpoints: bool = True,
 ) -> dict:
-    """Run this rank's role to the end; returns its summary (also in `ranks/rank-N.json`)."""
+    """Run this rank's role to the end; returns its summary (also in `ranks/rank-N.json`).
+    `save_checkpoints=False` is for benchmarks only (a run that cannot be resumed)."""
     emit = emit or (lambda line: print(line, flush=True))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -119,7 +121,9 @@ def run_split(
         if roles.role == TARGET:
             summary = _run_target(session, config, emit, target_loader)
         else:
-            summary = _run_drafter(session, config, out_dir, emit, force_resume)
+            summary = _run_drafter(
+                session, config, out_dir, emit, force_resume, save_checkpoints=save_checkpoints
+            )
     except BaseException as exc:
         session.abort(f"{type(exc).__name__}: {exc}")
         raise
@@ -224,6 +228,8 @@ def _run_drafter(
     out_dir: Path,
     emit: Callable[[str], None],
     force_resume: bool,
+    *,
+    save_checkpoints: bool,
 ) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -272,8 +278,12 @@ def _run_drafter(
     trained: list[int] = []
     d, start_step = roles.num_drafters, step
     for seg in segments(step, config.run.steps, config.run.checkpoint_every):
-        for _ in range(seg.steps):
-            features, header, waited = endpoint.receive(seg.key)
+        claim = endpoint.claim(seg.key)
+        for i in range(seg.steps):
+            features, header, waited = endpoint.complete(claim)
+            if i + 1 < seg.steps:  # claim the next batch now: its transfer overlaps this step
+                claim = endpoint.claim(seg.key)
+                endpoint.try_start(claim)
             result = worker.train_step(features, header.index)
             step += 1
             trained.append(header.index)
@@ -287,9 +297,13 @@ def _run_drafter(
                 metrics.count(summary["tokens"])
             if metrics and (step % config.run.log_every == 0 or step == config.run.steps):
                 metrics.log(step, summary)
-        if lead and (
-            (config.run.checkpoint_every and step % config.run.checkpoint_every == 0)
-            or step == config.run.steps
+        if (
+            save_checkpoints
+            and lead
+            and (
+                (config.run.checkpoint_every and step % config.run.checkpoint_every == 0)
+                or step == config.run.steps
+            )
         ):
             pos = position_of(
                 first + (step - start_step) * d,
