@@ -291,10 +291,22 @@ class Session:
                 self._die(f"error: {self.roles.describe()} lost the control store ({exc})", 1)
 
     def _on_sigterm(self) -> None:
+        """Name the rank whose end made the launcher stop this one: a peer that published an
+        abort message (it raised), else a local peer that is gone without having been
+        SIGTERMed itself (killed, crashed). When the launcher itself is being stopped, every
+        peer marks `sigterm/<rank>` before exiting and nobody is blamed."""
+        store = self._store()  # its own idle client, made before the signal comes
         signal.sigwait({signal.SIGTERM})
         if self._stop.is_set():
             os._exit(143)
-        dead = self.dead_local_peers()
+        me = self.roles.describe()
+        try:
+            store.set(f"sigterm/{self.roles.rank}", "1")
+            if store.check(["abort"]):
+                self._die(f"error: stopping {me}: {store.get('abort').decode()}", 143)
+            dead = [r for r in self.dead_local_peers() if not store.check([f"sigterm/{r}"])]
+        except Exception:  # the store is gone too: say what can be seen locally
+            dead = self.dead_local_peers()
         host = socket.gethostname()
         alive = [
             r
@@ -306,7 +318,7 @@ class Session:
             self._die(
                 f"error: {names} exited unexpectedly; the launcher stopped the other ranks", 143
             )
-        self._die(f"{self.roles.describe()} stopped by the launcher (SIGTERM)", 143)
+        self._die(f"{me} stopped by the launcher (SIGTERM)", 143)
 
     def dead_local_peers(self) -> list[int]:
         """Peers on this host whose process is gone or a zombie."""
