@@ -152,6 +152,7 @@ def test_segments_cut_at_checkpoints() -> None:
     assert [(s.start, s.end) for s in segments(0, 5, 0)] == [(0, 5)]
 
 
+@pytest.mark.slow
 def test_one_target_two_drafters(tmp_path, assets) -> None:
     out, log, ranks = run_split(tmp_path, assets, procs=3, targets=1)
     assert [r["role"] for r in ranks] == ["target", "drafter", "drafter"]
@@ -170,6 +171,7 @@ def test_one_target_two_drafters(tmp_path, assets) -> None:
     assert (out / "step-00000003").is_dir() and (out / "step-00000006").is_dir()
 
 
+@pytest.mark.slow
 def test_two_targets_one_drafter_and_resume(tmp_path, assets) -> None:
     out, log, ranks = run_split(tmp_path, assets, procs=3, targets=2, steps=4, checkpoint_every=2)
     check_exactly_once(ranks, expected=4)
@@ -184,6 +186,7 @@ def test_two_targets_one_drafter_and_resume(tmp_path, assets) -> None:
     assert sorted(i for r in ranks2 if r["role"] == "drafter" for i in r["indices"]) == [4, 5]
 
 
+@pytest.mark.slow
 def test_one_plus_one_repeats_colocated_losses(tmp_path, assets) -> None:
     from trainer.config import load_config
     from trainer.trainer import Trainer
@@ -195,6 +198,7 @@ def test_one_plus_one_repeats_colocated_losses(tmp_path, assets) -> None:
     assert split == pytest.approx(colocated, rel=1e-6, abs=0)
 
 
+@pytest.mark.slow
 def test_killed_worker_stops_the_job_naming_it(tmp_path, assets) -> None:
     out = tmp_path / f"kill-{uuid.uuid4().hex[:8]}"
     cfg = write_config(tmp_path / "c.toml", assets, steps=100000, checkpoint_every=0)

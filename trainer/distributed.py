@@ -320,6 +320,18 @@ class Session:
             )
         self._die(f"{me} stopped by the launcher (SIGTERM)", 143)
 
+    def explain_failure(self) -> str | None:
+        """`rank R (ROLE) pid P exited unexpectedly` for local peers that are gone without the
+        launcher having stopped them, else None (called when this rank's communication broke)."""
+        try:
+            dead = [r for r in self.dead_local_peers() if not self.store.check([f"sigterm/{r}"])]
+        except Exception:
+            dead = self.dead_local_peers()
+        if not dead:
+            return None
+        names = ", ".join(f"{self.roles.describe(r)} pid {self._peers[r]['pid']}" for r in dead)
+        return f"{names} exited unexpectedly"
+
     def dead_local_peers(self) -> list[int]:
         """Peers on this host whose process is gone or a zombie."""
         host = socket.gethostname()

@@ -125,12 +125,21 @@ def run_split(
                 session, config, out_dir, emit, force_resume, save_checkpoints=save_checkpoints
             )
     except BaseException as exc:
-        session.abort(f"{type(exc).__name__}: {exc}")
+        culprit = session.explain_failure()
+        if culprit:  # a peer died and this rank's communication broke because of it
+            session.abort(culprit)
+            raise PeerFailed(f"{culprit} ({roles.describe()} saw: {_first_line(exc)})") from exc
+        session.abort(f"{type(exc).__name__}: {_first_line(exc)}")
         raise
     session.finish()
     (out_dir / "ranks").mkdir(exist_ok=True)
     (out_dir / "ranks" / f"rank-{roles.rank}.json").write_text(json.dumps(summary))
     return summary
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
 
 
 def _resolve_config(session: Session, config: TrainConfig, out_dir: Path) -> TrainConfig:
