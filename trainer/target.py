@@ -121,6 +121,7 @@ def _random_model(config: Any, *, device: torch.device, dtype: torch.dtype, seed
     try:
         torch.set_default_dtype(dtype)
         with device:
-            return AutoModelForCausalLM.from_config(config, dtype=dtype)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        return model.to(device=device, dtype=dtype)
     finally:
         torch.set_default_dtype(previous)

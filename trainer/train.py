@@ -2,6 +2,10 @@
 
     python -m trainer.train --config trainer/configs/demo.toml --out runs/demo
     python -m trainer.train --config deploy.toml --out /workspace/checkpoints --set optim.lr=3e-4
+    DFLASH_TARGET_GPUS=5 torchrun --nproc-per-node 8 -m trainer.train --config … --out …
+
+Under torchrun (WORLD_SIZE > 1) the ranks split into target and drafter workers
+(`trainer.split`); one process trains colocated (`trainer.trainer`).
 
 `--config` is a standalone TOML or a deploy.toml (its `[train]` table); `--set key=value`
 overrides any setting (dotted keys, TOML values). The run folder `--out` receives checkpoints
