@@ -206,8 +206,8 @@ def _run_target(
                 index, per_epoch=per_epoch, batch_size=config.data.batch_size
             )
             features = worker.produce(stream.next_batch())
+            store.add("produced", 1)  # counted before any drafter can see (and train) it
             endpoint.publish(seg.key, index, features)
-            store.add("produced", 1)
             produced.append(index)
             stats.batches += 1
             stats.tokens += features.num_tokens
