@@ -151,6 +151,30 @@ class Timeouts:
         )
 
 
+class TerminationWatch:
+    """A thread that takes SIGTERM (blocked in every other thread, see `block_termination_signal`)
+    with `sigwait`, so it acts even while the main thread sits in a C call. Started before the
+    process groups exist; once a `Session` is attached it names the failed peer, before that it
+    just says that this rank was stopped during start-up. Started only when SIGTERM is blocked."""
+
+    def __init__(self, roles: Roles) -> None:
+        self.roles = roles
+        self.session: Session | None = None
+        if signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, set()):
+            threading.Thread(target=self._wait, name="dflash-sigterm", daemon=True).start()
+
+    def _wait(self) -> None:
+        signal.sigwait({signal.SIGTERM})
+        if self.session is not None:
+            self.session.on_sigterm()
+        print(
+            f"{self.roles.describe()} stopped by the launcher during start-up",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(143)
+
+
 class Session:
     """The process groups, the control store and the watchdog of one rank."""
 
@@ -177,7 +201,7 @@ class Session:
             return device
         return torch.device("cpu")
 
-    def _store(self) -> dist.Store:
+    def _store(self, *, timeout_s: float = 60) -> dist.Store:
         """A client of torchrun's store (the agent's, or rank 0's), under a per-attempt prefix."""
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         port = int(os.environ["MASTER_PORT"])
@@ -185,7 +209,7 @@ class Session:
             host,
             port,
             is_master=False,
-            timeout=timedelta(seconds=60),
+            timeout=timedelta(seconds=timeout_s),
             wait_for_workers=False,
         )
         run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
@@ -257,8 +281,6 @@ class Session:
         threading.Thread(
             target=self._watch, args=(emit,), name="dflash-watchdog", daemon=True
         ).start()
-        if signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, set()):
-            threading.Thread(target=self._on_sigterm, name="dflash-sigterm", daemon=True).start()
 
     def _watch(self, emit: Callable[[str], None]) -> None:
         store = self._store()  # its own client: never queued behind the main thread's calls
@@ -290,17 +312,16 @@ class Session:
                     return
                 self._die(f"error: {self.roles.describe()} lost the control store ({exc})", 1)
 
-    def _on_sigterm(self) -> None:
+    def on_sigterm(self) -> None:
         """Name the rank whose end made the launcher stop this one: a peer that published an
         abort message (it raised), else a local peer that is gone without having been
         SIGTERMed itself (killed, crashed). When the launcher itself is being stopped, every
-        peer marks `sigterm/<rank>` before exiting and nobody is blamed."""
-        store = self._store()  # its own idle client, made before the signal comes
-        signal.sigwait({signal.SIGTERM})
+        peer marks `sigterm/<rank>` before exiting and nobody is blamed. Never returns."""
         if self._stop.is_set():
             os._exit(143)
         me = self.roles.describe()
         try:
+            store = self._store(timeout_s=5)
             store.set(f"sigterm/{self.roles.rank}", "1")
             if store.check(["abort"]):
                 self._die(f"error: stopping {me}: {store.get('abort').decode()}", 143)
@@ -323,10 +344,14 @@ class Session:
     def explain_failure(self) -> str | None:
         """`rank R (ROLE) pid P exited unexpectedly` for local peers that are gone without the
         launcher having stopped them, else None (called when this rank's communication broke)."""
-        try:
-            dead = [r for r in self.dead_local_peers() if not self.store.check([f"sigterm/{r}"])]
-        except Exception:
+        deadline = time.monotonic() + 2.0  # a killed peer's sockets close before it is a zombie
+        while True:
             dead = self.dead_local_peers()
+            with contextlib.suppress(Exception):  # the store may be gone: keep what /proc says
+                dead = [r for r in dead if not self.store.check([f"sigterm/{r}"])]
+            if dead or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         if not dead:
             return None
         names = ", ".join(f"{self.roles.describe(r)} pid {self._peers[r]['pid']}" for r in dead)

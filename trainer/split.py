@@ -39,7 +39,7 @@ import torch
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
 from trainer.data import BatchStream, DataPosition, load_samples
-from trainer.distributed import DRAFTER, TARGET, PeerFailed, Roles, Session
+from trainer.distributed import DRAFTER, TARGET, PeerFailed, Roles, Session, TerminationWatch
 from trainer.exchange import DrafterEndpoint, TargetEndpoint, share_frozen
 from trainer.metrics import RankStats, RoleMetrics
 from trainer.model import Drafter, shape_from_target
@@ -111,7 +111,9 @@ def run_split(
     emit = emit or (lambda line: print(line, flush=True))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    watch = TerminationWatch(roles)
     session = session or Session(roles)
+    watch.session = session
     session.start_watchdog()
     emit(f"{roles.describe()} on {session.device} ({session.backend})")
     try:
