@@ -386,6 +386,7 @@ class Session:
         NCCL down while a peer still receives, and the store's host (rank 0 without the torchrun
         agent) leaves last."""
         self._stop.set()  # from here on a peer that exits is expected
+        self.store.set(f"exit/{self.roles.rank}", "1")  # peers stop checking this heartbeat
         world = self.roles.world_size
         self.store.add("finished", 1)
         self.wait_for(
@@ -393,7 +394,6 @@ class Session:
             what="all ranks to finish",
             max_poll_s=0.05,
         )
-        self.store.set(f"exit/{self.roles.rank}", "1")
         self.store.add("left", 1)
         if self.roles.rank == 0:
             self.wait_for(
