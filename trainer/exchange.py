@@ -15,8 +15,11 @@ is cut into *segments* (the steps between two checkpoints). For segment k:
    it tells the owner `set(claim/{t}/{seq}, drafter rank)` and posts `irecv`s for the payload;
 4. the owner sees the claim and `isend`s the payload to that drafter: the selected hidden states
    (Bsz, S, n·H), the last hidden state (Bsz, S, H) when the KL term is on, and one int64 tensor
-   packing input_ids, anchors, valid and labels. Never logits. A drafter holds at most one claim
-   at a time, so the p2p ops of a (target, drafter) pair are matched in order.
+   packing input_ids, anchors, valid and labels. Never logits. A drafter claims its next slot
+   while it trains on the current batch (at most two claims); it posts the receives of a claim
+   before making the next claim, slots of one target carry increasing sequence numbers and the
+   target sends claimed batches in sequence order, so the p2p ops of a (target, drafter) pair
+   are matched in order.
 Each segment holds exactly `steps × D` batches and each drafter trains exactly one batch per step,
 so every slot is filled and claimed exactly once: no batch is lost or trained twice, and at a
 segment's end (a checkpoint) the trained batches are exactly the segment's global indices, which
