@@ -113,6 +113,9 @@ class DrafterWorker:
         loss_chunk_rows: int | None = None,
     ) -> None:
         self.drafter = drafter
+        self.module: torch.nn.Module = (
+            drafter  # what the forward calls: the drafter or its DDP wrapper
+        )
         self.embed_weight = embed_weight.detach()
         self.lm_head_weight = lm_head_weight.detach()
         self.loss_config = loss
@@ -160,7 +163,7 @@ class DrafterWorker:
         b = self.drafter.shape.block_size
         self.drafter.train()
         with self._autocast():
-            out = self.drafter(
+            out = self.module(
                 hidden, f.input_ids, f.anchors, f.valid, self.embed_weight
             )  # (Bsz, N, B, H)
         target_hidden = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -78,26 +79,49 @@ class Target:
 
 
 def load_target(
-    folder: str | Path,
+    folder: str | Path | Any,
     *,
     device: torch.device | str = "cpu",
     layers: list[int] | None = None,
     num_layers: int = 5,
+    seed: int = 0,
 ) -> Target:
     """Load a `save_pretrained` folder (no hub access): bf16 on CUDA, fp32 on the CPU, eval mode,
-    no gradients."""
+    no gradients. `folder` may also be an in-memory `transformers` config: the model is then
+    built directly on `device` with random weights (seeded; for tests and benchmarks at real
+    shapes, nothing written to disk)."""
     from transformers import AutoModelForCausalLM
 
-    folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise TrainConfigError(
-            "model.target", f"{folder} has no config.json (a save_pretrained folder)"
-        )
     device = torch.device(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, local_files_only=True)
+    if hasattr(folder, "to_dict") and not isinstance(folder, str | Path):
+        model = _random_model(folder, device=device, dtype=dtype, seed=seed)
+    else:
+        folder = Path(folder)
+        if not (folder / "config.json").is_file():
+            raise TrainConfigError(
+                "model.target", f"{folder} has no config.json (a save_pretrained folder)"
+            )
+        model = AutoModelForCausalLM.from_pretrained(
+            str(folder), dtype=dtype, local_files_only=True
+        )
     model.to(device).eval()
     model.requires_grad_(False)
     if layers is None:
         layers = default_target_layers(model.config.num_hidden_layers, num_layers)
     return Target(model, layers)
+
+
+def _random_model(config: Any, *, device: torch.device, dtype: torch.dtype, seed: int) -> nn.Module:
+    """Random weights built on `device` in `dtype` (no fp32 copy on the CPU first)."""
+    from transformers import AutoModelForCausalLM
+
+    previous = torch.get_default_dtype()
+    torch.manual_seed(seed)
+    try:
+        torch.set_default_dtype(dtype)
+        with device:
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        return model.to(device=device, dtype=dtype)
+    finally:
+        torch.set_default_dtype(previous)

@@ -2,6 +2,10 @@
 
     python -m trainer.train --config trainer/configs/demo.toml --out runs/demo
     python -m trainer.train --config deploy.toml --out /workspace/checkpoints --set optim.lr=3e-4
+    DFLASH_TARGET_GPUS=5 torchrun --nproc-per-node 8 -m trainer.train --config … --out …
+
+Under torchrun (WORLD_SIZE > 1) the ranks split into target and drafter workers
+(`trainer.split`); one process trains colocated (`trainer.trainer`).
 
 `--config` is a standalone TOML or a deploy.toml (its `[train]` table); `--set key=value`
 overrides any setting (dotted keys, TOML values). The run folder `--out` receives checkpoints
@@ -14,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 
 from trainer.config import load_config
@@ -45,11 +51,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
+    split = int(os.environ.get("WORLD_SIZE", "1")) > 1  # under torchrun: trainer.split
+    if split:  # taken by a watchdog thread (trainer.distributed); block before torch starts threads
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         config = load_config(args.config, args.overrides)  # fails fast, before torch loads
-        from trainer.trainer import Trainer
+        if split:
+            from trainer.distributed import roles_from_env
+            from trainer.split import run_split
 
-        Trainer(config, args.out, force_resume=args.force_resume).run()
+            run_split(config, args.out, roles_from_env(), force_resume=args.force_resume)
+        else:
+            from trainer.trainer import Trainer
+
+            Trainer(config, args.out, force_resume=args.force_resume).run()
     except TrainerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,57 @@
+"""`trainer.plan`: the split arithmetic, and a real measurement of both roles on a tiny demo
+target printing every split of a node."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainer.plan import Rates, colocated, main, predict
+
+
+def rates(rt: float, rd: float) -> Rates:
+    return Rates(
+        r_target=rt,
+        r_drafter=rd,
+        tokens_per_batch=1.0,
+        target_s_per_batch=1 / rt,
+        drafter_s_per_batch=1 / rd,
+        target_device="cpu",
+        drafter_device="cpu",
+    )
+
+
+@pytest.mark.parametrize("gpus", [2, 3, 8])
+def test_predict_is_the_slower_side_of_every_split(gpus: int) -> None:
+    r = rates(2.25e3, 4.5e3)
+    splits = predict(r, gpus)
+    assert [(s.targets, s.drafters) for s in splits] == [(t, gpus - t) for t in range(1, gpus)]
+    for s in splits:
+        assert s.tokens_per_s == min(s.targets * 2.25e3, s.drafters * 4.5e3)
+        assert s.bound_by == ("target" if s.targets * 2.25e3 < s.drafters * 4.5e3 else "drafter")
+    assert predict(r, 1) == []
+    assert colocated(r) == pytest.approx(1 / (1 / 2.25e3 + 1 / 4.5e3))
+
+
+def test_seed_node_prefers_five_plus_three() -> None:
+    # the seed's measured-by-hand situation: 6 + 2 drafter-bound, 5 + 3 better
+    best = max(predict(rates(4.3e3, 7.2e3), 8), key=lambda s: s.tokens_per_s)
+    assert (best.targets, best.drafters) == (5, 3)
+
+
+def test_plan_measures_a_tiny_config(tmp_path, capsys) -> None:
+    from tests.test_split import DEMO, write_config
+    from trainer.config import DemoConfig
+    from trainer.demo import ensure_demo_assets
+
+    assets = tmp_path / "assets"
+    ensure_demo_assets(assets, DemoConfig(enabled=True, **DEMO))
+    cfg = write_config(tmp_path / "c.toml", assets)
+    assert (
+        main(["--config", str(cfg), "--gpus", "4", "--json", "--steps", "2", "--warmup", "1"]) == 0
+    )
+    r = json.loads(capsys.readouterr().out)
+    assert r["rates"]["r_target"] > 0 and r["rates"]["r_drafter"] > 0
+    assert [(s["targets"], s["drafters"]) for s in r["splits"]] == [(1, 3), (2, 2), (3, 1)]
+    assert r["best"]["tokens_per_s"] == max(s["tokens_per_s"] for s in r["splits"])

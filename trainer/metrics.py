@@ -1,0 +1,178 @@
+"""Per-rank counters of a split run and the rows drafter rank 0 logs from them.
+
+Every rank publishes its cumulative counters as JSON under `stats/<rank>` in the control store
+(at most every 0.2 s); drafter rank 0 reads all of them at each logged step and turns the deltas
+since the previous logged step into rates. One `metrics.jsonl` row of a split run holds the
+colocated fields (`step`, `time`, `loss`, `ce`, `kl`, `cap`, `lr`, `tokens_per_s`,
+`slot_accuracy`, `grad_norm`, `tokens`; loss terms are means over the drafters, `tokens` the sum)
+and:
+
+- `tokens_per_s`: real tokens trained by all drafters per second of wall time (the job's rate);
+- `roles`: `{"target": {...}, "drafter": {...}}` with `tokens_per_s` (tokens produced resp.
+  trained by the role per second), `wait_frac` (mean share of wall time the role's ranks spent
+  waiting on the other role: targets blocked by backpressure, drafters waiting for a batch) and
+  `ranks` (how many);
+- `in_flight`: batches produced and not yet received by a drafter, summed over targets;
+- `batches`: `{"produced": P, "trained": T}` since the run (re)started;
+- `ranks`: one entry per rank, in rank order: `rank`, `role`, `host`, `gpu` (local rank, the
+  CUDA device index; null on the CPU), `batches`, `tokens`, `tokens_per_s`, `wait_frac`,
+  `in_flight` (targets; 0 for drafters), `mem_gib` and `mem_peak_gib` (CUDA memory allocated by
+  torch on that rank, current and peak; null on the CPU).
+`dflash status` shows `ranks` as one line per GPU with its role, next to `nvidia-smi` readings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from trainer.config import TrainConfig
+
+METRICS = "metrics.jsonl"
+GIB = 1024**3
+
+
+class RankStats:
+    """This rank's cumulative counters, published to the store."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.batches = 0
+        self.tokens = 0
+        self.wait_s = 0.0
+        self.in_flight = 0
+        self.started = time.perf_counter()
+        self._last = 0.0
+
+    def snapshot(self) -> dict:
+        dev = self.session.device
+        cuda = dev.type == "cuda"
+        return {
+            "rank": self.session.roles.rank,
+            "role": self.session.roles.role,
+            "host": socket.gethostname(),
+            "gpu": dev.index if cuda else None,
+            "batches": self.batches,
+            "tokens": self.tokens,
+            "wait_s": self.wait_s,
+            "elapsed_s": time.perf_counter() - self.started,
+            "in_flight": self.in_flight,
+            "mem_gib": torch.cuda.memory_allocated(dev) / GIB if cuda else None,
+            "mem_peak_gib": torch.cuda.max_memory_allocated(dev) / GIB if cuda else None,
+        }
+
+    def publish(self, *, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not force and now - self._last < 0.2:
+            return
+        self._last = now
+        self.session.store.set(f"stats/{self.session.roles.rank}", json.dumps(self.snapshot()))
+
+
+class RoleMetrics:
+    """Drafter rank 0: the log line and the metrics.jsonl row of each logged step."""
+
+    def __init__(self, session, out_dir: Path, config: TrainConfig, emit: Callable[[str], None]):
+        self.session = session
+        self.path = Path(out_dir) / METRICS
+        self.config = config
+        self.emit = emit
+        self.prev: dict[int, dict] = {}
+        self.last_entry: dict[int, dict] = {}
+        self.prev_time = time.perf_counter()
+        self.pending_tokens = 0
+
+    def count(self, tokens: int) -> None:
+        """Tokens trained by all drafters in one step (every step, logged or not)."""
+        self.pending_tokens += tokens
+
+    def _ranks(self) -> list[dict]:
+        store = self.session.store
+        out = []
+        for r in range(self.session.roles.world_size):
+            key = f"stats/{r}"
+            if store.check([key]):
+                out.append(json.loads(store.get(key)))
+        return out
+
+    def log(self, step: int, s: dict) -> dict:
+        now = time.perf_counter()
+        wall = max(now - self.prev_time, 1e-9)
+        ranks = []
+        for cur in self._ranks():
+            old = self.prev.get(cur["rank"], {"tokens": 0, "wait_s": 0.0, "elapsed_s": 0.0})
+            if cur["elapsed_s"] == old["elapsed_s"] and cur["rank"] in self.last_entry:
+                ranks.append(self.last_entry[cur["rank"]])  # not republished since: last rates
+                continue
+            span = max(cur["elapsed_s"] - old["elapsed_s"], 1e-9)
+            entry = {
+                k: cur[k] for k in ("rank", "role", "host", "gpu", "batches", "tokens", "in_flight")
+            }
+            entry["tokens_per_s"] = (cur["tokens"] - old["tokens"]) / span
+            entry["wait_frac"] = min(1.0, (cur["wait_s"] - old["wait_s"]) / span)
+            entry["mem_gib"] = cur["mem_gib"]
+            entry["mem_peak_gib"] = cur["mem_peak_gib"]
+            ranks.append(entry)
+            self.prev[cur["rank"]] = cur
+            self.last_entry[cur["rank"]] = entry
+        roles = {}
+        for role in ("target", "drafter"):
+            mine = [r for r in ranks if r["role"] == role]
+            roles[role] = {
+                "ranks": len(mine),
+                "tokens_per_s": sum(r["tokens_per_s"] for r in mine),
+                "wait_frac": sum(r["wait_frac"] for r in mine) / len(mine) if mine else 0.0,
+            }
+        store = self.session.store
+        produced, trained = store.add("produced", 0), store.add("trained", 0)
+        tps = self.pending_tokens / wall
+        self.pending_tokens = 0
+        self.prev_time = now
+        row = {
+            "step": step,
+            "time": time.time(),
+            "loss": s["loss"],
+            "ce": s["ce"],
+            "kl": s["kl"],
+            "cap": s["cap"],
+            "lr": s["lr"],
+            "tokens_per_s": tps,
+            "slot_accuracy": s["slot_accuracy"],
+            "grad_norm": s["grad_norm"],
+            "tokens": s["tokens"],
+            "roles": roles,
+            "in_flight": sum(r["in_flight"] for r in ranks if r["role"] == "target"),
+            "batches": {"produced": produced, "trained": trained},
+            "ranks": ranks,
+        }
+        acc = " ".join("--" if a is None else f"{100 * a:.0f}" for a in s["slot_accuracy"])
+        t, d = roles["target"], roles["drafter"]
+        self.emit(
+            f"step {step}/{self.config.run.steps} | loss {s['loss']:.4f} ce {s['ce']:.4f} "
+            f"kl {s['kl']:.4f} cap {s['cap']:.4f} | acc% {acc} | {tps:,.0f} tok/s | "
+            f"lr {s['lr']:.2e} | gnorm {s['grad_norm']:.2f} | target {t['tokens_per_s']:,.0f} "
+            f"tok/s wait {100 * t['wait_frac']:.0f}% | drafter {d['tokens_per_s']:,.0f} tok/s "
+            f"wait {100 * d['wait_frac']:.0f}% | in flight {row['in_flight']}"
+        )
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        return row
+
+    def truncate(self, step: int) -> None:
+        """Drop rows logged after the checkpoint being resumed (they are logged again)."""
+        if not self.path.is_file():
+            return
+        keep = [
+            line
+            for line in self.path.read_text().splitlines()
+            if line.strip() and json.loads(line)["step"] <= step
+        ]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, self.path)

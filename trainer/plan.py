@@ -1,0 +1,224 @@
+"""Plan the target/drafter split of a node: measure each role alone, predict every split.
+
+    python -m trainer.plan --config FILE [--gpus 8] [--json] [--set key=value …]
+
+It loads the configured target and builds the drafter, then times, on real batches of the
+configured data (sequence buckets, anchors, batch size):
+- the target forward alone (`TargetWorker.produce`) → r_target tokens/s on one device;
+- the drafter training step alone (`DrafterWorker.train_step` on features produced beforehand)
+  → r_drafter tokens/s on one device (the second GPU when there is one, else the same device).
+A split of G GPUs into T targets and D = G − T drafters cannot train faster than its slower side,
+so its predicted rate is min(T·r_target, D·r_drafter); the colocated rate of one GPU running both
+is 1 / (1/r_target + 1/r_drafter). The first steps (compiles, allocator warm-up) are not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from trainer.config import TrainConfig, load_config
+from trainer.errors import TrainerError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rates:
+    r_target: float  # tokens/s of one target worker
+    r_drafter: float  # tokens/s of one drafter worker
+    tokens_per_batch: float
+    target_s_per_batch: float
+    drafter_s_per_batch: float
+    target_device: str
+    drafter_device: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Split:
+    targets: int
+    drafters: int
+    tokens_per_s: float
+    bound_by: str  # "target" | "drafter"
+
+
+def predict(rates: Rates, gpus: int) -> list[Split]:
+    """Every split T + D = gpus with T, D ≥ 1, predicted tokens/s = min(T·r_t, D·r_d)."""
+    out = []
+    for t in range(1, gpus):
+        d = gpus - t
+        tt, dd = t * rates.r_target, d * rates.r_drafter
+        out.append(
+            Split(
+                targets=t,
+                drafters=d,
+                tokens_per_s=min(tt, dd),
+                bound_by="target" if tt < dd else "drafter",
+            )
+        )
+    return out
+
+
+def colocated(rates: Rates) -> float:
+    return 1.0 / (1.0 / rates.r_target + 1.0 / rates.r_drafter)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_rates(
+    config: TrainConfig,
+    *,
+    target=None,
+    target_device: torch.device | None = None,
+    drafter_device: torch.device | None = None,
+    warmup: int = 2,
+    steps: int = 5,
+) -> Rates:
+    """Time each role alone on the configured model and batches (see the module docstring).
+    `target`: an already loaded `trainer.target.Target` (else `model.target` is loaded)."""
+    from trainer.data import BatchStream, load_samples
+    from trainer.model import Drafter, shape_from_target
+    from trainer.pipeline import DrafterWorker, TargetWorker
+    from trainer.target import load_target
+    from trainer.trainer import resolve_device
+
+    tdev = target_device or resolve_device(config.run.device)
+    if drafter_device is None:
+        drafter_device = tdev
+        if tdev.type == "cuda" and torch.cuda.device_count() > 1:
+            drafter_device = torch.device("cuda", (tdev.index or 0) + 1)
+    m = config.model
+    if target is None:
+        target = load_target(
+            m.target, device=tdev, layers=m.target_layers, num_layers=m.num_target_layers
+        )
+    stream = BatchStream(
+        load_samples(config.data.path, max_len=config.data.max_len),
+        config.data,
+        block_size=m.block_size,
+        seed=config.run.seed,
+    )
+    producer = TargetWorker(target)
+    batches = [stream.next_batch() for _ in range(warmup + steps)]
+    tokens = sum(b.num_tokens for b in batches[warmup:]) / steps
+
+    features = []
+    for i, b in enumerate(batches):
+        if i == warmup:
+            _sync(tdev)
+            start = time.perf_counter()
+        features.append(producer.produce(b))
+    _sync(tdev)
+    t_target = (time.perf_counter() - start) / steps
+
+    torch.manual_seed(config.run.seed)
+    shape = shape_from_target(target.config, m, num_features=len(target.layers))
+    worker = DrafterWorker(
+        Drafter(shape).to(drafter_device),
+        embed_weight=target.embed_weight.to(drafter_device),
+        lm_head_weight=target.lm_head_weight.to(drafter_device),
+        optim=config.optim,
+        loss=config.loss,
+        total_steps=config.run.steps,
+        noise=config.data.noise,
+        seed=config.run.seed,
+    )
+    moved = [
+        type(f)(
+            **{k: v.to(drafter_device) for k, v in f.tensors().items()}, num_tokens=f.num_tokens
+        )
+        for f in features
+    ]
+    del features
+    for i, f in enumerate(moved):
+        if i == warmup:
+            _sync(drafter_device)
+            start = time.perf_counter()
+        worker.train_step(f, i)
+    _sync(drafter_device)
+    t_drafter = (time.perf_counter() - start) / steps
+    return Rates(
+        r_target=tokens / t_target,
+        r_drafter=tokens / t_drafter,
+        tokens_per_batch=tokens,
+        target_s_per_batch=t_target,
+        drafter_s_per_batch=t_drafter,
+        target_device=str(tdev),
+        drafter_device=str(drafter_device),
+    )
+
+
+def report(rates: Rates, gpus: int) -> dict:
+    splits = predict(rates, gpus)
+    best = max(splits, key=lambda s: s.tokens_per_s) if splits else None
+    return {
+        "gpus": gpus,
+        "rates": asdict(rates),
+        "colocated_tokens_per_s": colocated(rates),
+        "splits": [asdict(s) for s in splits],
+        "best": asdict(best) if best else None,
+    }
+
+
+def format_report(r: dict) -> str:
+    rt = r["rates"]
+    lines = [
+        f"target alone:  {rt['r_target']:,.0f} tok/s ({1e3 * rt['target_s_per_batch']:.1f} ms "
+        f"per batch of {rt['tokens_per_batch']:,.0f} tokens, {rt['target_device']})",
+        f"drafter alone: {rt['r_drafter']:,.0f} tok/s ({1e3 * rt['drafter_s_per_batch']:.1f} ms "
+        f"per batch, {rt['drafter_device']})",
+        f"one GPU colocated: {r['colocated_tokens_per_s']:,.0f} tok/s",
+        "",
+        f"{'targets':>7} {'drafters':>8} {'tok/s':>12}  bound by",
+    ]
+    best = r["best"]
+    for s in r["splits"]:
+        mark = "  <- best" if best and s["targets"] == best["targets"] else ""
+        lines.append(
+            f"{s['targets']:>7} {s['drafters']:>8} {s['tokens_per_s']:>12,.0f}  {s['bound_by']}{mark}"
+        )
+    if not r["splits"]:
+        lines.append("(one GPU: colocated only)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.plan", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--config", required=True)
+    parser.add_argument(
+        "--gpus", type=int, default=None, help="GPUs of the node (default: visible)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--steps", type=int, default=5, help="timed batches per role")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed batches per role")
+    parser.add_argument("--out", default="runs/plan", help="where demo assets go (demo configs)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+        from trainer.trainer import resolve_demo
+
+        config = resolve_demo(config, Path(args.out))
+        if config.run.threads:
+            torch.set_num_threads(config.run.threads)
+        gpus = args.gpus if args.gpus is not None else max(1, torch.cuda.device_count())
+        rates = measure_rates(config, warmup=args.warmup, steps=args.steps)
+    except TrainerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    r = report(rates, gpus)
+    print(json.dumps(r, indent=2) if args.json else format_report(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

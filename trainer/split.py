@@ -1,0 +1,425 @@
+"""The training run with the processes split into target ranks and drafter ranks.
+
+    DFLASH_TARGET_GPUS=1 torchrun --nproc-per-node 3 -m trainer.train --config FILE --out DIR
+
+Order of events (`trainer.distributed` for roles and failure handling, `trainer.exchange` for the
+queue and the p2p transfer):
+1. demo assets (if any) are built by rank 0, then every rank resolves the config the same way;
+2. drafters find the checkpoint to resume (each loads it: the run folder is shared); drafter
+   rank 0 publishes the start step and data position; target rank 0 turns it into a global batch
+   index (it knows the data) and publishes it with the batches per epoch;
+3. target rank 0 sends the frozen embedding and lm_head (and the target's config) to every
+   drafter: drafters never load the target;
+4. segment by segment (the steps between two checkpoints), targets produce the segment's
+   `steps × D` batches and drafters train. DDP over the drafter-only group keeps drafters in
+   lock-step: every optimizer step, every drafter trains exactly one batch (the segment holds
+   exactly that many), so all drafters enter every gradient all-reduce and no zero-weighted
+   filler step or `join` is ever needed; the gradient is the mean over the D batches of the
+   step, as in single-process training with a D× larger batch. Drafter rank 0 writes the
+   checkpoint at each segment's end, when every batch of the segment has been trained;
+5. a store barrier, then each rank writes `ranks/rank-N.json` (its role and the global batch
+   indices it produced or trained) and drafter rank 0 checks produced == trained == expected.
+
+Noise is drawn from (seed, global batch index), so the same batch gets the same noise whichever
+drafter trains it, and a 1 + 1 split repeats the colocated run's losses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from trainer import checkpoint as ckpt
+from trainer.config import TrainConfig
+from trainer.data import BatchStream, DataPosition, load_samples
+from trainer.distributed import DRAFTER, TARGET, PeerFailed, Roles, Session, TerminationWatch
+from trainer.exchange import DrafterEndpoint, TargetEndpoint, share_frozen
+from trainer.metrics import RankStats, RoleMetrics
+from trainer.model import Drafter, shape_from_target
+from trainer.pipeline import DrafterWorker, TargetWorker
+from trainer.target import Target, load_target
+from trainer.trainer import resolve_demo
+
+log = logging.getLogger("trainer")
+TargetLoader = Callable[[TrainConfig, torch.device], Target]
+
+
+def default_target_loader(config: TrainConfig, device: torch.device) -> Target:
+    m = config.model
+    return load_target(
+        m.target, device=device, layers=m.target_layers, num_layers=m.num_target_layers
+    )
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Steps [start, end) between two checkpoints; its batches are offsets 0 … steps·D−1."""
+
+    start: int
+    end: int
+
+    @property
+    def key(self) -> int:
+        return self.end
+
+    @property
+    def steps(self) -> int:
+        return self.end - self.start
+
+
+def segments(start: int, total: int, checkpoint_every: int) -> list[Segment]:
+    out, step = [], start
+    while step < total:
+        end = total
+        if checkpoint_every:
+            end = min(total, (step // checkpoint_every + 1) * checkpoint_every)
+        out.append(Segment(step, end))
+        step = end
+    return out
+
+
+def batch_index(position: DataPosition, *, per_epoch: int, batch_size: int) -> int:
+    """Global index of the batch a stream at `position` draws next."""
+    return position.epoch * per_epoch + position.index // batch_size
+
+
+def position_of(index: int, *, per_epoch: int, batch_size: int) -> DataPosition:
+    """Inverse of `batch_index`: where batch `index` starts (epochs drop the ragged tail)."""
+    return DataPosition(index // per_epoch, (index % per_epoch) * batch_size)
+
+
+def run_split(
+    config: TrainConfig,
+    out_dir: str | Path,
+    roles: Roles,
+    *,
+    force_resume: bool = False,
+    emit: Callable[[str], None] | None = None,
+    target_loader: TargetLoader = default_target_loader,
+    session: Session | None = None,
+    save_checkpoints: bool = True,
+) -> dict:
+    """Run this rank's role to the end; returns its summary (also in `ranks/rank-N.json`).
+    `save_checkpoints=False` is for benchmarks only (a run that cannot be resumed)."""
+    emit = emit or (lambda line: print(line, flush=True))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    watch = TerminationWatch(roles)
+    session = session or Session(roles)
+    watch.session = session
+    session.start_watchdog()
+    emit(f"{roles.describe()} on {session.device} ({session.backend})")
+    try:
+        config = _resolve_config(session, config, out_dir)
+        if config.run.threads:
+            torch.set_num_threads(config.run.threads)
+        if roles.role == TARGET:
+            summary = _run_target(session, config, emit, target_loader)
+        else:
+            summary = _run_drafter(
+                session, config, out_dir, emit, force_resume, save_checkpoints=save_checkpoints
+            )
+    except BaseException as exc:
+        culprit = session.explain_failure()
+        if culprit:  # a peer died and this rank's communication broke because of it
+            session.abort(culprit)
+            raise PeerFailed(f"{culprit} ({roles.describe()} saw: {_first_line(exc)})") from exc
+        session.abort(f"{type(exc).__name__}: {_first_line(exc)}")
+        raise
+    session.finish()
+    (out_dir / "ranks").mkdir(exist_ok=True)
+    (out_dir / "ranks" / f"rank-{roles.rank}.json").write_text(json.dumps(summary))
+    return summary
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _resolve_config(session: Session, config: TrainConfig, out_dir: Path) -> TrainConfig:
+    """Rank 0 builds the demo assets; the others reuse them (never two writers)."""
+    if not config.demo.enabled:
+        return config
+    if session.roles.rank == 0:
+        config = resolve_demo(config, out_dir)
+        session.store.set("demo_ready", "1")
+        return config
+    session.wait_get("demo_ready", what="rank 0 to build the demo assets")
+    return resolve_demo(config, out_dir)
+
+
+# ---- target ranks ----------------------------------------------------------------------------
+
+
+def _run_target(
+    session: Session, config: TrainConfig, emit: Callable[[str], None], loader: TargetLoader
+) -> dict:
+    roles, store = session.roles, session.store
+    torch.manual_seed(config.run.seed)
+    target = loader(config, session.device)
+    stream = BatchStream(
+        load_samples(config.data.path, max_len=config.data.max_len),
+        config.data,
+        block_size=config.model.block_size,
+        seed=config.run.seed,
+    )
+    per_epoch = len(stream.samples) // config.data.batch_size
+    if roles.rank == 0:
+        meta = {"config": target.config.to_dict(), "layers": target.layers}
+        store.set("target_meta", json.dumps(meta))
+        share_frozen(
+            session,
+            {"embed": target.embed_weight, "lm_head": target.lm_head_weight},
+            device=session.device,
+        )
+        start = json.loads(session.wait_get("start", what="drafter rank 0 to resume or start"))
+        first = batch_index(
+            DataPosition(**start["position"]),
+            per_epoch=per_epoch,
+            batch_size=config.data.batch_size,
+        )
+        store.set("data", json.dumps({"first": first, "per_epoch": per_epoch}))
+    start = json.loads(session.wait_get("start", what="drafter rank 0 to resume or start"))
+    first = json.loads(session.wait_get("data", what="target rank 0"))["first"]
+    worker = TargetWorker(target)
+    endpoint = TargetEndpoint(
+        session, max_in_flight=_max_in_flight(), has_last=config.loss.kl_weight > 0
+    )
+    stats = RankStats(session)
+    produced: list[int] = []
+    d = roles.num_drafters
+    for seg in segments(start["step"], config.run.steps, config.run.checkpoint_every):
+        seg_first = first + (seg.start - start["step"]) * d
+        while True:
+            stats.wait_s += endpoint.wait_capacity()
+            k = endpoint.next_index(seg.key, seg.steps * d)
+            if k is None:
+                break
+            index = seg_first + k
+            stream.position = position_of(
+                index, per_epoch=per_epoch, batch_size=config.data.batch_size
+            )
+            features = worker.produce(stream.next_batch())
+            store.add("produced", 1)  # counted before any drafter can see (and train) it
+            endpoint.publish(seg.key, index, features)
+            produced.append(index)
+            stats.batches += 1
+            stats.tokens += features.num_tokens
+            stats.in_flight = endpoint.in_flight
+            stats.publish()
+        endpoint.end_segment(seg.key)
+    stats.wait_s += endpoint.drain()
+    stats.in_flight = 0
+    stats.publish(force=True)
+    emit(f"{roles.describe()} done: produced {len(produced)} batches")
+    return {"rank": roles.rank, "role": TARGET, "batches": len(produced), "indices": produced}
+
+
+def _max_in_flight() -> int:
+    import os
+
+    raw = os.environ.get("DFLASH_MAX_IN_FLIGHT", "")
+    return int(raw) if raw.strip() else 2
+
+
+# ---- drafter ranks ---------------------------------------------------------------------------
+
+
+def _run_drafter(
+    session: Session,
+    config: TrainConfig,
+    out_dir: Path,
+    emit: Callable[[str], None],
+    force_resume: bool,
+    *,
+    save_checkpoints: bool,
+) -> dict:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    roles, store, device = session.roles, session.store, session.device
+    lead = roles.rank == roles.num_targets  # drafter rank 0: logs, checkpoints
+    found = _find_checkpoint(config, out_dir, emit if lead else (lambda _: None), force_resume)
+    state = ckpt.load_state(found.path, map_location=device) if found.path else None
+    step = int(state["step"]) if state else 0
+    position = DataPosition(**state["data_position"]) if state else DataPosition()
+    if lead:
+        store.set("start", json.dumps({"step": step, "position": vars(position)}))
+    meta = json.loads(session.wait_get("target_meta", what="target rank 0 to load the target"))
+    # the drafter reads plain attributes of the target's config: no `transformers` import here
+    target_config = SimpleNamespace(**meta["config"])
+    frozen = share_frozen(session, None, device=device)
+    torch.manual_seed(config.run.seed)
+    shape = shape_from_target(target_config, config.model, num_features=len(meta["layers"]))
+    drafter = Drafter(shape).to(device)
+    worker = DrafterWorker(
+        drafter,
+        embed_weight=frozen["embed"],
+        lm_head_weight=frozen["lm_head"],
+        optim=config.optim,
+        loss=config.loss,
+        total_steps=config.run.steps,
+        noise=config.data.noise,
+        seed=config.run.seed,
+    )
+    if state:
+        worker.load_state_dict(state["worker"])
+        torch.set_rng_state(state["rng"]["cpu"].cpu())
+        if lead:
+            emit(f"resumed from {found.path.name} (step {step})")
+    worker.module = DDP(
+        drafter,
+        process_group=session.drafter_group,
+        device_ids=[device] if device.type == "cuda" else None,
+    )
+    data = json.loads(session.wait_get("data", what="target rank 0"))
+    first, per_epoch = data["first"], data["per_epoch"]
+    endpoint = DrafterEndpoint(session, device=device)
+    stats = RankStats(session)
+    metrics = RoleMetrics(session, out_dir, config, emit) if lead else None
+    if metrics and state:
+        metrics.truncate(step)
+    trained: list[int] = []
+    d, start_step = roles.num_drafters, step
+    for seg in segments(step, config.run.steps, config.run.checkpoint_every):
+        claim = endpoint.claim(seg.key)
+        for i in range(seg.steps):
+            features, header, waited = endpoint.complete(claim)
+            if i + 1 < seg.steps:  # claim the next batch now: its transfer overlaps this step
+                claim = endpoint.claim(seg.key)
+                endpoint.try_start(claim)
+            result = worker.train_step(features, header.index)
+            step += 1
+            trained.append(header.index)
+            store.add("trained", 1)
+            stats.wait_s += waited
+            stats.batches += 1
+            stats.tokens += header.num_tokens
+            stats.publish()
+            summary = _reduce(session, result, waited, device)
+            if metrics:
+                metrics.count(summary["tokens"])
+            if metrics and (step % config.run.log_every == 0 or step == config.run.steps):
+                metrics.log(step, summary)
+        if (
+            save_checkpoints
+            and lead
+            and (
+                (config.run.checkpoint_every and step % config.run.checkpoint_every == 0)
+                or step == config.run.steps
+            )
+        ):
+            pos = position_of(
+                first + (step - start_step) * d,
+                per_epoch=per_epoch,
+                batch_size=config.data.batch_size,
+            )
+            path = ckpt.save_checkpoint(
+                out_dir,
+                step,
+                {
+                    "step": step,
+                    "worker": worker.state_dict(),
+                    "rng": {"cpu": torch.get_rng_state()},
+                    "data_position": {"epoch": pos.epoch, "index": pos.index},
+                },
+                config,
+                keep_last=config.run.keep_last,
+            )
+            emit(f"checkpoint {path.name}")
+    stats.publish(force=True)
+    if lead:
+        _check_counts(session, expected=(config.run.steps - start_step) * d, emit=emit)
+    return {
+        "rank": roles.rank,
+        "role": DRAFTER,
+        "batches": len(trained),
+        "indices": trained,
+        "params_sha256": params_digest(drafter),
+    }
+
+
+def params_digest(module: torch.nn.Module) -> str:
+    """A digest of all parameters: equal on every drafter rank when DDP kept them in sync."""
+    h = hashlib.sha256()
+    for name, p in module.state_dict().items():
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _find_checkpoint(
+    config: TrainConfig, out_dir: Path, emit: Callable[[str], None], force: bool
+) -> ckpt.Found:
+    for path in ckpt.remove_stale_temps(out_dir):
+        emit(f"removed {path.name}: an interrupted checkpoint write")
+    found = ckpt.find_resumable(out_dir)
+    for path, why in found.skipped:
+        emit(f"skipped checkpoint {path.name}: {why}")
+    if found.path is not None:
+        changed = ckpt.check_compatible(found, config, force=force)
+        if changed:
+            emit(f"resuming despite changed settings (--force-resume): {', '.join(changed)}")
+    return found
+
+
+def _reduce(session: Session, result, waited: float, device: torch.device) -> dict:
+    """Mean of the step's loss terms and slot accuracies over the drafters; summed tokens."""
+    import torch.distributed as dist
+
+    acc = torch.tensor(result.slot_accuracy, dtype=torch.float64)
+    have = (~acc.isnan()).double()
+    vals = torch.cat(
+        [
+            torch.tensor(
+                [
+                    result.loss,
+                    result.ce,
+                    result.kl,
+                    result.cap,
+                    result.grad_norm,
+                    result.tokens,
+                    waited,
+                    1.0,
+                ],
+                dtype=torch.float64,
+            ),
+            acc.nan_to_num(0.0),
+            have,
+        ]
+    ).to(device)
+    dist.all_reduce(vals, group=session.drafter_group)
+    v = vals.cpu().tolist()
+    n, k = v[7], len(result.slot_accuracy)
+    sums, counts = v[8 : 8 + k], v[8 + k :]
+    return {
+        "loss": v[0] / n,
+        "ce": v[1] / n,
+        "kl": v[2] / n,
+        "cap": v[3] / n,
+        "grad_norm": v[4] / n,
+        "tokens": int(v[5]),
+        "lr": result.lr,
+        "slot_accuracy": [s / c if c else None for s, c in zip(sums, counts, strict=True)],
+    }
+
+
+def _check_counts(session: Session, *, expected: int, emit: Callable[[str], None]) -> None:
+    """Every batch produced was trained exactly once (counts; `ranks/` has the indices)."""
+    store = session.store
+    session.wait_for(
+        lambda: store.add("trained", 0) >= expected, what="the other drafters to finish"
+    )
+    produced, trained = store.add("produced", 0), store.add("trained", 0)
+    emit(f"batches: produced {produced}, trained {trained}, expected {expected}")
+    if not produced == trained == expected:
+        raise PeerFailed(
+            f"batch accounting failed: produced {produced}, trained {trained}, expected {expected}"
+        )
