@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from trainer.config import TrainConfigError
 from trainer.data import Sample, bucket_length
 from trainer.errors import TrainerError
 from trainer.model import Drafter
@@ -97,8 +98,10 @@ class BlockDrafter(Protocol):
 class DFlashDrafter:
     """A trained `Drafter` behind the `BlockDrafter` interface: one forward with one anchor.
 
-    The context is padded to a multiple of `bucket` (unseen: the mask stops at the anchor) so
-    that compiled attention sees few distinct shapes.
+    The context is padded to a multiple of `bucket` (unseen: the mask stops at the anchor).
+    Attention runs on the SDPA backend by default: one block's dense mask is B × (S + B), tiny,
+    and it keeps the compiled flex kernels of a training run in the same process from
+    recompiling for every context length; both backends implement `dense_mask` exactly.
     """
 
     def __init__(
@@ -108,12 +111,14 @@ class DFlashDrafter:
         embed_weight: Tensor,
         lm_head_weight: Tensor,
         bucket: int = 64,
+        backend: str = "sdpa",
     ) -> None:
         self.drafter = drafter
         self.embed_weight = embed_weight.detach()
         self.lm_head_weight = lm_head_weight.detach()
         self.block_size = drafter.shape.block_size
         self.bucket = bucket
+        self.backend = backend
 
     @torch.no_grad()
     def block_hidden(self, features: Tensor, input_ids: Tensor, anchor: int) -> Tensor:
@@ -125,8 +130,9 @@ class DFlashDrafter:
         ids = F.pad(input_ids, (0, seq - input_ids.shape[1]))  # (1, S)
         anchors = torch.tensor([[anchor]], device=device)  # (1, 1)
         valid = torch.ones_like(anchors, dtype=torch.bool)
-        was_training = self.drafter.training
+        was_training, backend = self.drafter.training, self.drafter.attention_backend
         self.drafter.eval()
+        self.drafter.attention_backend = self.backend
         autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
         )
@@ -135,6 +141,7 @@ class DFlashDrafter:
                 hidden = self.drafter(feats, ids, anchors, valid, self.embed_weight)  # (1,1,B,H)
         finally:
             self.drafter.train(was_training)
+            self.drafter.attention_backend = backend
         return hidden[0, 0]
 
     def draft(self, features: Tensor, input_ids: Tensor, anchor: int) -> Tensor:
@@ -322,6 +329,59 @@ def _check_lossless(
         got=got[pos] if pos < len(got) else None,
         margin=float(top2[0] - top2[1]),
     )
+
+
+# ---- during training --------------------------------------------------------------------------
+
+
+def split_holdout(samples: list[Sample], holdout: int) -> tuple[list[Sample], list[Sample]]:
+    """(trained on, held out): the last `holdout` samples are kept out of training."""
+    if holdout >= len(samples):
+        raise TrainConfigError(
+            "data.holdout", f"{holdout} would leave none of the {len(samples)} samples to train on"
+        )
+    cut = len(samples) - holdout
+    return samples[:cut], samples[cut:]
+
+
+class TauProbe:
+    """τ of the drafter being trained, on a few held-out prompts (no lossless check: the
+    speed-up is counted, and plain decoding would cost more than the probe itself)."""
+
+    def __init__(self, target: Target, prompts: list[list[int]], *, max_new_tokens: int) -> None:
+        self.target = target
+        self.prompts = prompts
+        self.max_new_tokens = max_new_tokens
+
+    @classmethod
+    def from_config(cls, config: Any, target: Target, held_out: list[Sample]) -> TauProbe | None:
+        """None when `eval.every` is 0; prompts from `eval.prompts`, else the held-out samples."""
+        ev = config.eval
+        if not ev.every:
+            return None
+        if ev.prompts:
+            prompts = load_prompts(
+                ev.prompts, tokenizer_dir=config.model.target, limit=ev.num_prompts
+            )
+        else:
+            prompts = [p for p in map(prompt_of_sample, held_out) if p][: ev.num_prompts]
+            if not prompts:
+                raise TrainConfigError("data.holdout", "no held-out sample has a prompt prefix")
+        return cls(target, prompts, max_new_tokens=ev.max_new_tokens)
+
+    def __call__(self, drafter: Drafter) -> EvalReport:
+        block = DFlashDrafter(
+            drafter,
+            embed_weight=self.target.embed_weight,
+            lm_head_weight=self.target.lm_head_weight,
+        )
+        return evaluate(
+            self.target,
+            block,
+            self.prompts,
+            max_new_tokens=self.max_new_tokens,
+            check_lossless=False,
+        )
 
 
 # ---- prompts ---------------------------------------------------------------------------------
