@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from trainer.config import config_from_dict, load_config, with_overrides  # noqa: E402
+from trainer.config import config_from_dict, load_config  # noqa: E402
 from trainer.data import Sample, load_samples, write_samples  # noqa: E402
 from trainer.evaluate import (  # noqa: E402
     DFlashDrafter,
@@ -336,23 +336,28 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def demo_cpu(args: argparse.Namespace) -> dict[str, Any]:
-    """The demo drafter after its default run, evaluated on held-out and training prompts."""
-    from trainer.trainer import Trainer
+    """The demo drafter after its default run (trained into `<work>/run` unless its final
+    checkpoint is already there), evaluated on held-out and on training prompts."""
+    from trainer.target import load_target
+    from trainer.trainer import Trainer, resolve_demo
 
-    config = load_config(ROOT / "trainer" / "configs" / "demo.toml")
-    run_dir = Path(args.work) / "demo-run"
-    config = with_overrides(config, demo={"folder": str(Path(args.work) / "demo-assets")})
+    run_dir = Path(args.work) / "run"
+    config = resolve_demo(load_config(ROOT / "trainer" / "configs" / "demo.toml"), run_dir)
     t0 = time.perf_counter()
-    trainer = Trainer(config, run_dir, emit=log)
-    trainer.run()  # resumes, or returns at once when the final checkpoint is there
+    if not (run_dir / f"step-{config.run.steps:08d}" / "manifest.json").is_file():
+        Trainer(config, run_dir, emit=log).run()
     train_s = time.perf_counter() - t0
-    target = trainer.target_worker.target
-    drafter, step = load_drafter(trainer.config, run_dir, target)
-    demo = trainer.config.demo
+    torch.set_num_threads(config.run.threads or torch.get_num_threads())
+    target = load_target(
+        config.model.target,
+        layers=config.model.target_layers,
+        num_layers=config.model.num_target_layers,
+    )
+    drafter, step = load_drafter(config, run_dir, target)
+    demo = config.demo
     gen = torch.Generator().manual_seed(10_000 + demo.seed)  # the demo data use seed + 1
     held = torch.randint(0, 256, (args.eval_prompts, demo.prompt_len), generator=gen).tolist()
-    seen = [prompt_of_sample(s) for s in load_samples(trainer.config.data.path)]
-    seen = seen[: args.eval_prompts]
+    seen = [prompt_of_sample(s) for s in load_samples(config.data.path)][: args.eval_prompts]
     return {
         "mode": "demo-cpu",
         "config": "trainer/configs/demo.toml",
