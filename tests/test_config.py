@@ -75,3 +75,14 @@ def test_hash_covers_model_and_data_only(tmp_path) -> None:
         "data.num_anchors",
         "model.num_layers",
     ]
+
+
+def test_demo_alone_is_the_demo_config(tmp_path) -> None:
+    from pathlib import Path
+
+    demo_toml = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "demo.toml"
+    path = tmp_path / "deploy.toml"
+    path.write_text("[train]\ndemo = true\n")
+    assert load_config(path) == load_config(demo_toml)
+    cfg = load_config(path, ["run.steps=5", "model.block_size=4"])
+    assert cfg.run.steps == 5 and cfg.model.block_size == 4 and cfg.run.device == "cpu"

@@ -100,6 +100,31 @@ def test_slot_positions_follow_anchor() -> None:
     torch.testing.assert_close(out[0, 0], base[0, 0], rtol=0, atol=1e-6)
 
 
+def test_bf16_autocast_forward_and_backward(monkeypatch) -> None:
+    """The CUDA recipe (fp32 params, bf16 autocast, bf16 target tensors), run on the CPU.
+    FlexAttention is not an autocast op: q, k, v must reach it in one dtype."""
+    import trainer.model as model_module
+
+    seen = []
+
+    def spy(q, k, v, mask, **kw):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return real(q, k, v, mask, **kw)
+
+    real = model_module.draft_attention
+    monkeypatch.setattr(model_module, "draft_attention", spy)
+    drafter = make_drafter().train()
+    features, ids, anchors, valid, embed = inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = drafter(features.bfloat16(), ids, anchors, valid, embed.bfloat16())
+    assert out.shape == (2, 3, B, H) and torch.isfinite(out).all()
+    assert seen and all(dtypes == (torch.bfloat16,) * 3 for dtypes in seen), seen
+    out.float().square().mean().backward()
+    assert all(torch.isfinite(p.grad).all() for p in drafter.parameters())
+    ref = make_drafter()(features, ids, anchors, valid, embed)
+    torch.testing.assert_close(out.float(), ref, rtol=0.1, atol=0.1)
+
+
 def test_mask_token_must_be_embedding_row() -> None:
     with pytest.raises(TrainConfigError, match="model.mask_token_id") as err:
         make_drafter(mask_token_id=V)

@@ -279,6 +279,17 @@ SECTIONS: dict[str, type] = {
 }
 
 
+# With the demo enabled, keys left unset take these values: a tiny drafter on the CPU that
+# trains in about a minute (so `[train] demo = true` in deploy.toml is the whole demo).
+DEMO_DEFAULTS: dict[str, dict[str, Any]] = {
+    "model": {"num_layers": 2, "block_size": 8, "num_target_layers": 3},
+    "data": {"batch_size": 8, "max_len": 64, "num_anchors": 16, "bucket": 64, "noise": 0.02},
+    "optim": {"lr": 3e-3, "warmup_steps": 20, "weight_decay": 0.0},
+    "loss": {"kl_weight": 0.15},
+    "run": {"steps": 300, "device": "cpu", "threads": 2, "checkpoint_every": 100, "keep_last": 2},
+}
+
+
 def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> TrainConfig:
     """Read `path` (standalone or deploy.toml with a `[train]` table), apply `key=value`
     overrides, validate. `path=None` starts from the defaults."""
@@ -317,6 +328,9 @@ def config_from_dict(raw: Mapping[str, Any], overrides: Iterable[str] = ()) -> T
                 key, f"unknown key; expected <table>.<key>, tables {sorted(SECTIONS)}"
             )
         tables[section][name] = _coerce(section, SECTIONS[section], name, value)
+    if tables["demo"].get("enabled"):
+        for name, defaults in DEMO_DEFAULTS.items():
+            tables[name] = {**defaults, **tables[name]}
     parts = {name: SECTIONS[name](**values) for name, values in tables.items()}
     return TrainConfig(**parts)
 

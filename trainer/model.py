@@ -144,8 +144,10 @@ class DrafterAttention(nn.Module):
         v = (
             self.v_proj(kv_in).view(bsz, kv_in.shape[1], -1, hd).transpose(1, 2)
         )  # (Bsz, Hkv, K, hd)
-        q = apply_rope(q, *rope_q)
-        k = apply_rope(k, *rope_k)
+        # under autocast the projections are bf16 but the fp32-weighted q/k norms give fp32:
+        # attention needs one dtype
+        q = apply_rope(q, *rope_q).to(v.dtype)
+        k = apply_rope(k, *rope_k).to(v.dtype)
         out = draft_attention(q, k, v, mask)  # (Bsz, Hq, Q, hd)
         return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
 

@@ -61,7 +61,8 @@ def test_full_training_step_compiled_flex_and_chunked_loss(tmp_path) -> None:
     from trainer.pipeline import DrafterWorker, TargetWorker
     from trainer.target import load_target
 
-    torch._dynamo.config.fail_on_recompile_limit_hit = True  # eager fallback = failure
+    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):  # eager fallback = failure
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
     _target(tmp_path / "t")
     device = torch.device("cuda")
     target = load_target(tmp_path / "t", device=device, num_layers=3)
