@@ -85,6 +85,7 @@ class DataConfig:
     noise: float = 0.0  # uniform noise in [−noise, noise] added to the target features
     shuffle: bool = True
     pad_token_id: int = 0
+    holdout: int = 0  # the last N samples are not trained on (the default eval prompts)
 
     def __post_init__(self) -> None:
         _positive("data.batch_size", self.batch_size)
@@ -93,6 +94,8 @@ class DataConfig:
         _positive("data.bucket", self.bucket)
         if self.noise < 0:
             raise TrainConfigError("data.noise", f"must be ≥ 0, got {self.noise}")
+        if self.holdout < 0:
+            raise TrainConfigError("data.holdout", "must be ≥ 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +179,22 @@ class RunConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """τ measured by speculative decoding during training (see `trainer.evaluate`)."""
+
+    every: int = 0  # evaluate every N steps; 0: never
+    prompts: str = ""  # JSONL of prompts (training formats); "": the data.holdout samples
+    num_prompts: int = 8  # the first N prompts are used
+    max_new_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise TrainConfigError("eval.every", "must be ≥ 0 (0 disables)")
+        _positive("eval.num_prompts", self.num_prompts)
+        _positive("eval.max_new_tokens", self.max_new_tokens)
+
+
+@dataclass(frozen=True, kw_only=True)
 class DemoConfig:
     """`enabled = true`: build a tiny random target and data it generated itself, then train on it.
 
@@ -218,6 +237,7 @@ class TrainConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     run: RunConfig = field(default_factory=RunConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         if not self.demo.enabled:
@@ -227,6 +247,8 @@ class TrainConfig:
                 raise TrainConfigError("data.path", "set the tokenized JSONL file")
         if self.data.max_len <= self.model.block_size:
             raise TrainConfigError("data.max_len", "must exceed model.block_size")
+        if self.eval.every and not self.eval.prompts and not self.data.holdout:
+            raise TrainConfigError("eval.prompts", "set it, or data.holdout, when eval.every > 0")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -253,6 +275,7 @@ SECTIONS: dict[str, type] = {
     "loss": LossConfig,
     "run": RunConfig,
     "demo": DemoConfig,
+    "eval": EvalConfig,
 }
 
 

@@ -21,6 +21,7 @@ import torch
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig, with_overrides
 from trainer.data import BatchStream, DataPosition, load_samples
+from trainer.evaluate import EvalReport, TauProbe, split_holdout
 from trainer.model import Drafter, shape_from_target
 from trainer.pipeline import DrafterWorker, StepResult, TargetWorker
 from trainer.target import load_target
@@ -89,6 +90,8 @@ class Trainer:
             seed=cfg.run.seed,
         )
         samples = load_samples(cfg.data.path, max_len=cfg.data.max_len)
+        samples, held_out = split_holdout(samples, cfg.data.holdout)
+        self.probe = TauProbe.from_config(cfg, target, held_out)
         self.stream = BatchStream(
             samples, cfg.data, block_size=cfg.model.block_size, seed=cfg.run.seed
         )
@@ -154,20 +157,30 @@ class Trainer:
             self.step += 1
             elapsed = time.perf_counter() - start
             results.append(result)
-            if self.step % run.log_every == 0 or self.step == until:
-                self._log(result, elapsed)
+            report = self._evaluate()
+            if report is not None or self.step % run.log_every == 0 or self.step == until:
+                self._log(result, elapsed, report)
             if (
                 run.checkpoint_every and self.step % run.checkpoint_every == 0
             ) or self.step == run.steps:
                 self.save()
         return results
 
-    def _log(self, r: StepResult, elapsed: float) -> None:
+    def _evaluate(self) -> EvalReport | None:
+        """τ on the held-out prompts every `eval.every` steps (greedy: draws no random numbers,
+        so resume stays exact)."""
+        every = self.config.eval.every
+        if self.probe is None or self.step % every:
+            return None
+        return self.probe(self.drafter_worker.drafter)
+
+    def _log(self, r: StepResult, elapsed: float, report: EvalReport | None = None) -> None:
         tps = r.tokens / elapsed if elapsed > 0 else 0.0
         acc = " ".join("--" if a != a else f"{100 * a:.0f}" for a in r.slot_accuracy)
+        tau = f" | tau {report.tau:.2f}" if report is not None else ""
         self.emit(
             f"step {self.step}/{self.config.run.steps} | loss {r.loss:.4f} ce {r.ce:.4f} kl {r.kl:.4f} "
-            f"cap {r.cap:.4f} | acc% {acc} | {tps:,.0f} tok/s | lr {r.lr:.2e} | gnorm {r.grad_norm:.2f}"
+            f"cap {r.cap:.4f} | acc% {acc}{tau} | {tps:,.0f} tok/s | lr {r.lr:.2e} | gnorm {r.grad_norm:.2f}"
         )
         row = {
             "step": self.step,
@@ -182,6 +195,9 @@ class Trainer:
             "grad_norm": r.grad_norm,
             "tokens": r.tokens,
         }
+        if report is not None:
+            row["tau"] = report.tau
+            row["slot_acceptance"] = report.slot_acceptance
         with open(self.out_dir / METRICS, "a") as fh:
             fh.write(json.dumps(row) + "\n")
 

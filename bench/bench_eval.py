@@ -1,0 +1,448 @@
+"""What a trained drafter is worth: τ and per-slot acceptance by real speculative decoding.
+
+    python bench/bench_eval.py --out eval.json          # one H200, under 5 minutes
+    python bench/bench_eval.py --smoke --out /tmp/e.json  # tiny, CPU, checks the path
+    python bench/bench_eval.py --demo-cpu --out demo.json # the demo drafter (trainer/configs/demo.toml)
+
+GPU run, in order:
+1. corpus: the `.py` sources of Python's standard library (they ship with every Python), split by
+   file: every `--holdout-every`-th file is held out (never trained on, by the target or the
+   drafter) and gives the evaluation prompts;
+2. a byte-level BPE tokenizer trained on the corpus with `tokenizers`;
+3. a Qwen3-shaped target (8 layers, hidden 768) trained from scratch for a fixed time budget on the
+   training files, so that its greedy continuations are code-like rather than random, saved with
+   `save_pretrained`;
+4. training data: the target's own greedy continuations of windows of the training files
+   (supervised on the continuation);
+5. a drafter trained for a fixed number of steps with the project's trainer (`trainer.trainer`),
+   logging τ on held-out prompts every `eval.every` steps;
+6. `trainer.evaluate` on held-out prompts with the target in fp32 (so that the lossless check is
+   not at the mercy of bf16 rounding between forwards of different lengths).
+
+`--demo-cpu` trains the demo drafter with its default config (skipped when its run folder already
+holds the final checkpoint) and evaluates it on fresh random prompts (held out: the demo data are
+continuations of other random prompts) and on the prompts of its own training samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import sysconfig
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from trainer.config import config_from_dict, load_config  # noqa: E402
+from trainer.data import Sample, load_samples, write_samples  # noqa: E402
+from trainer.evaluate import (  # noqa: E402
+    DFlashDrafter,
+    LosslessViolation,
+    evaluate,
+    load_drafter,
+    prompt_of_sample,
+)
+from trainer.target import Target  # noqa: E402
+
+SPECIAL = ["<|pad|>", "<|endoftext|>"]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---- corpus and tokenizer ------------------------------------------------------------------------
+
+
+def corpus(max_bytes: int, holdout_every: int) -> tuple[list[str], list[str]]:
+    """(training texts, held-out texts) from the standard library's `.py` files, sorted by path
+    so that every machine with the same Python version gets the same split."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(
+        p
+        for p in stdlib.rglob("*.py")
+        if not {"site-packages", "dist-packages"} & set(p.parts) and p.is_file()
+    )
+    train, held, total = [], [], 0
+    for i, path in enumerate(files):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if len(text) < 200:
+            continue
+        (held if i % holdout_every == 0 else train).append(text)
+        total += len(text)
+        if total >= max_bytes:
+            break
+    return train, held
+
+
+def build_tokenizer(texts: list[str], vocab_size: int, folder: Path) -> Any:
+    """A byte-level BPE trained on `texts`, saved with `save_pretrained` into `folder`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|endoftext|>"
+    )
+    fast.save_pretrained(str(folder))
+    return fast
+
+
+def encode(tokenizer: Any, texts: list[str]) -> torch.Tensor:
+    """All texts as one long token stream, each followed by end-of-text → (T,) long."""
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    for ids_one in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+        ids += ids_one + [eos]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def windows(stream: torch.Tensor, count: int, length: int, *, seed: int) -> torch.Tensor:
+    """`count` random windows of `length` tokens → (count, length)."""
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(stream) - length, (count,), generator=gen)
+    return torch.stack([stream[s : s + length] for s in starts.tolist()])
+
+
+# ---- the target --------------------------------------------------------------------------------
+
+
+def train_target(
+    stream: torch.Tensor, tokenizer: Any, args: argparse.Namespace, device: torch.device
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """A Qwen3-shaped causal LM trained from scratch for `args.target_seconds` (AdamW, bf16
+    autocast on CUDA, warmup then cosine over the time budget)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    h = args.target_hidden
+    cfg = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=h,
+        intermediate_size=int(h * 8 / 3) // 64 * 64,
+        num_hidden_layers=args.target_layers,
+        num_attention_heads=h // 64,
+        num_key_value_heads=max(1, h // 256),
+        head_dim=64,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg).to(device).train()
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=args.target_lr, betas=(0.9, 0.95), weight_decay=0.1
+    )
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    gen = torch.Generator().manual_seed(1)
+    seq, bsz, warmup = args.target_seq, args.target_batch, 50
+    start, step, losses = time.perf_counter(), 0, []
+    while True:
+        frac = (time.perf_counter() - start) / args.target_seconds
+        if frac >= 1 or (args.target_steps and step >= args.target_steps):
+            break
+        lr = min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for group in opt.param_groups:
+            group["lr"] = args.target_lr * lr
+        starts = torch.randint(0, len(stream) - seq - 1, (bsz,), generator=gen)
+        batch = torch.stack([stream[s : s + seq] for s in starts.tolist()]).to(device)
+        with autocast:
+            loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        if step % 100 == 0:
+            losses.append(float(loss))
+            log(f"target step {step} loss {losses[-1]:.3f}")
+    model.eval()
+    return model, {
+        "steps": step,
+        "seconds": time.perf_counter() - start,
+        "final_loss": float(loss),
+        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "config": {k: getattr(cfg, k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
+    }
+
+
+@torch.no_grad()
+def generate_samples(
+    model: torch.nn.Module, prompts: torch.Tensor, gen_len: int, batch: int
+) -> list[Sample]:
+    """The target's greedy continuations of `prompts` (N, P), supervised on the continuation."""
+    device = next(model.parameters()).device
+    out = []
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i : i + batch].to(device)
+        full = model.generate(
+            input_ids=chunk,
+            attention_mask=torch.ones_like(chunk),
+            do_sample=False,
+            max_new_tokens=gen_len,
+            min_new_tokens=gen_len,
+            pad_token_id=model.config.pad_token_id,
+        )
+        out.append(full.cpu())
+    mask = [False] * prompts.shape[1] + [True] * gen_len
+    return [Sample(row.tolist(), list(mask)) for row in torch.cat(out)]
+
+
+def write_prompts(path: Path, prompts: torch.Tensor) -> None:
+    """Prompt-only samples in the tokenized format (nothing supervised: all of it is prompt)."""
+    write_samples(path, [Sample(p.tolist(), [False] * len(p)) for p in prompts])
+
+
+# ---- evaluation ----------------------------------------------------------------------------------
+
+
+def fp32_target(folder: Path, device: torch.device, layers: list[int]) -> Target:
+    """The saved (fp32) weights in fp32: the same target that generated the data, and argmax
+    ties between forwards of different lengths far rarer than in bf16."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch.float32, local_files_only=True
+    )
+    model.to(device).eval().requires_grad_(False)
+    return Target(model, layers)
+
+
+def run_eval(
+    target: Target, drafter: Any, prompts: list[list[int]], max_new: int
+) -> dict[str, Any]:
+    block = DFlashDrafter(
+        drafter, embed_weight=target.embed_weight, lm_head_weight=target.lm_head_weight
+    )
+    start = time.perf_counter()
+    try:
+        report = evaluate(target, block, prompts, max_new_tokens=max_new)
+        violation = None
+    except LosslessViolation as exc:  # recorded, then measured without the check
+        violation = str(exc)
+        report = evaluate(target, block, prompts, max_new_tokens=max_new, check_lossless=False)
+    row = asdict(report)
+    row["lossless"] = violation is None
+    row["lossless_violation"] = violation
+    row["seconds"] = time.perf_counter() - start
+    log(report.summary())
+    return row
+
+
+def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
+    from trainer.trainer import Trainer
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    train_texts, held_texts = corpus(args.corpus_bytes, args.holdout_every)
+    log(f"corpus: {len(train_texts)} training files, {len(held_texts)} held out")
+    target_dir = work / "target"
+    tokenizer = build_tokenizer(train_texts, args.vocab, target_dir)
+    stream, held_stream = encode(tokenizer, train_texts), encode(tokenizer, held_texts)
+    log(f"tokens: {len(stream):,} training, {len(held_stream):,} held out")
+    timings = {"corpus_tokenizer_s": time.perf_counter() - t0}
+
+    t0 = time.perf_counter()
+    model, target_info = train_target(stream, tokenizer, args, device)
+    model.save_pretrained(str(target_dir))
+    timings["target_train_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    prompts = windows(stream, args.samples, args.prompt_len, seed=2)
+    samples = generate_samples(model, prompts, args.gen_len, args.gen_batch)
+    write_samples(work / "train.jsonl", samples)
+    eval_prompts = windows(held_stream, args.eval_prompts, args.prompt_len, seed=3)
+    write_prompts(work / "prompts.jsonl", eval_prompts)
+    del model
+    timings["data_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    raw = {
+        "model": {
+            "target": str(target_dir),
+            "num_layers": args.drafter_layers,
+            "block_size": args.block_size,
+        },
+        "data": {
+            "path": str(work / "train.jsonl"),
+            "batch_size": args.drafter_batch,
+            "max_len": args.prompt_len + args.gen_len,
+            "num_anchors": args.anchors,
+            "bucket": 128 if device.type == "cuda" else 32,
+            "noise": 0.02,
+        },
+        "optim": {"lr": args.drafter_lr, "warmup_steps": max(1, args.drafter_steps // 20)},
+        "run": {
+            "steps": args.drafter_steps,
+            "device": device.type,
+            "checkpoint_every": 0,
+            "log_every": max(1, args.drafter_steps // 20),
+        },
+        "eval": {
+            "every": max(1, args.drafter_steps // 4),
+            "prompts": str(work / "prompts.jsonl"),
+            "num_prompts": 4,
+            "max_new_tokens": 32,
+        },
+    }
+    trainer = Trainer(config_from_dict(raw), work / "run", emit=log)
+    results = trainer.run()
+    timings["drafter_train_s"] = time.perf_counter() - t0
+    tail = results[-max(1, len(results) // 10) :]
+    train_acc = [sum(a) / len(a) for a in zip(*(r.slot_accuracy for r in tail), strict=True)]
+
+    t0 = time.perf_counter()
+    target = fp32_target(target_dir, device, trainer.target_worker.target.layers)
+    drafter = trainer.drafter_worker.drafter.float()
+    held = run_eval(target, drafter, eval_prompts.tolist(), args.max_new_tokens)
+    timings["eval_s"] = time.perf_counter() - t0
+    return {
+        "mode": "smoke" if args.smoke else "gpu",
+        "target": target_info,
+        "drafter": {
+            "steps": args.drafter_steps,
+            "layers": args.drafter_layers,
+            "block_size": args.block_size,
+            "final_loss": results[-1].loss,
+            "train_slot_accuracy": train_acc,
+        },
+        "held_out": held,
+        "timings_s": timings,
+    }
+
+
+def demo_cpu(args: argparse.Namespace) -> dict[str, Any]:
+    """The demo drafter after its default run (trained into `<work>/run` unless its final
+    checkpoint is already there), evaluated on held-out and on training prompts."""
+    from trainer.target import load_target
+    from trainer.trainer import Trainer, resolve_demo
+
+    run_dir = Path(args.work) / "run"
+    config = resolve_demo(load_config(ROOT / "trainer" / "configs" / "demo.toml"), run_dir)
+    t0 = time.perf_counter()
+    if not (run_dir / f"step-{config.run.steps:08d}" / "manifest.json").is_file():
+        Trainer(config, run_dir, emit=log).run()
+    train_s = time.perf_counter() - t0
+    torch.set_num_threads(config.run.threads or torch.get_num_threads())
+    target = load_target(
+        config.model.target,
+        layers=config.model.target_layers,
+        num_layers=config.model.num_target_layers,
+    )
+    drafter, step = load_drafter(config, run_dir, target)
+    demo = config.demo
+    gen = torch.Generator().manual_seed(10_000 + demo.seed)  # the demo data use seed + 1
+    held = torch.randint(0, 256, (args.eval_prompts, demo.prompt_len), generator=gen).tolist()
+    seen = [prompt_of_sample(s) for s in load_samples(config.data.path)][: args.eval_prompts]
+    return {
+        "mode": "demo-cpu",
+        "config": "trainer/configs/demo.toml",
+        "checkpoint_step": step,
+        "train_s": train_s,
+        "max_new_tokens": demo.gen_len,
+        "held_out": run_eval(target, drafter, held, demo.gen_len),
+        "training_prompts": run_eval(target, drafter, seen, demo.gen_len),
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--work", default="/tmp/dflash-bench-eval", help="assets and run folders")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
+    p.add_argument("--demo-cpu", action="store_true", help="the demo drafter's figure")
+    p.add_argument("--corpus-bytes", type=int, default=24_000_000)
+    p.add_argument("--holdout-every", type=int, default=20)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--target-layers", type=int, default=8)
+    p.add_argument("--target-hidden", type=int, default=768)
+    p.add_argument("--target-seq", type=int, default=512)
+    p.add_argument("--target-batch", type=int, default=32)
+    p.add_argument("--target-lr", type=float, default=1e-3)
+    p.add_argument("--target-seconds", type=float, default=90.0)
+    p.add_argument("--target-steps", type=int, default=0, help="stop earlier (0: time only)")
+    p.add_argument("--samples", type=int, default=2048)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--gen-len", type=int, default=192)
+    p.add_argument("--gen-batch", type=int, default=512)
+    p.add_argument("--drafter-layers", type=int, default=2)
+    p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--drafter-batch", type=int, default=16)
+    p.add_argument("--anchors", type=int, default=64)
+    p.add_argument("--drafter-lr", type=float, default=1e-3)
+    p.add_argument("--drafter-steps", type=int, default=600)
+    p.add_argument("--eval-prompts", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    args = p.parse_args(argv)
+    if args.smoke:
+        small = dict(
+            corpus_bytes=300_000,
+            vocab=400,
+            target_layers=2,
+            target_hidden=64,
+            target_seq=64,
+            target_batch=8,
+            target_seconds=30.0,
+            target_steps=40,
+            samples=16,
+            prompt_len=8,
+            gen_len=24,
+            gen_batch=16,
+            drafter_layers=1,
+            block_size=4,
+            drafter_batch=4,
+            anchors=8,
+            drafter_steps=8,
+            eval_prompts=2,
+            max_new_tokens=12,
+        )
+        for key, value in small.items():
+            setattr(args, key, value)
+    if args.demo_cpu:
+        args.eval_prompts = 16 if args.eval_prompts == 32 else args.eval_prompts
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    start = time.perf_counter()
+    result = demo_cpu(args) if args.demo_cpu else gpu_run(args)
+    result["total_s"] = time.perf_counter() - start
+    result["environment"] = {
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "python": sys.version.split()[0],
+    }
+    text = json.dumps(result, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

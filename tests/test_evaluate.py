@@ -1,0 +1,158 @@
+"""Speculative-decoding evaluation on a tiny demo target: an oracle drafter reaches τ = B, a
+random drafter τ ≈ 1, every run reproduces the target's greedy output, the single-block drafter
+call is the training forward, and prompts load from both training formats."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.config import DemoConfig, ModelConfig
+from trainer.demo import ensure_demo_assets
+from trainer.evaluate import (
+    DFlashDrafter,
+    LosslessViolation,
+    PromptFileError,
+    _check_lossless,
+    evaluate,
+    greedy_decode,
+    load_prompts,
+    speculative_decode,
+)
+from trainer.model import Drafter, shape_from_target
+from trainer.target import Target, load_target
+
+BLOCK = 4
+DEMO = DemoConfig(enabled=True, num_samples=8, num_layers=4, prompt_len=6, gen_len=10)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Target:
+    torch.set_num_threads(1)
+    target_dir, _ = ensure_demo_assets(tmp_path_factory.mktemp("assets"), DEMO)
+    return load_target(target_dir, num_layers=2)
+
+
+def random_prompts(n: int, length: int, *, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, length), generator=gen).tolist()
+
+
+class OracleDrafter:
+    """Test stand-in: proposes the target's own greedy continuation of the block's anchor."""
+
+    def __init__(self, target: Target, block_size: int) -> None:
+        self.target = target
+        self.block_size = block_size
+        self.calls: list[int] = []
+
+    def draft(self, features: torch.Tensor, input_ids: torch.Tensor, anchor: int) -> torch.Tensor:
+        assert features.shape[1] == anchor and input_ids.shape[1] == anchor + 1
+        self.calls.append(anchor)
+        tokens = greedy_decode(self.target, input_ids[0].tolist(), self.block_size - 1, eos=[])
+        return torch.tensor(tokens)
+
+
+def random_drafter(target: Target, *, seed: int = 0, block_size: int = BLOCK) -> DFlashDrafter:
+    torch.manual_seed(seed)
+    shape = shape_from_target(
+        target.config,
+        ModelConfig(num_layers=1, block_size=block_size),
+        num_features=len(target.layers),
+    )
+    return DFlashDrafter(
+        Drafter(shape), embed_weight=target.embed_weight, lm_head_weight=target.lm_head_weight
+    )
+
+
+def test_oracle_reaches_block_size_and_is_lossless(target) -> None:
+    oracle = OracleDrafter(target, BLOCK)
+    new = 1 + 3 * BLOCK  # prefill token + three full blocks
+    report = evaluate(target, oracle, random_prompts(3, 6, seed=1), max_new_tokens=new)
+    assert report.tau == BLOCK
+    assert report.slot_acceptance == [1.0] * (BLOCK - 1)
+    assert report.verify_forwards == 3 * 3 and report.target_forwards == 3 * 4
+    assert report.new_tokens == report.plain_forwards == 3 * new
+    assert report.speedup == pytest.approx(new / 4)
+    assert report.lossless_checked
+
+
+def test_oracle_budget_cut_midblock_still_lossless(target) -> None:
+    oracle = OracleDrafter(target, BLOCK)
+    prompt = random_prompts(1, 5, seed=2)[0]
+    res = speculative_decode(target, oracle, prompt, 7, eos=[])
+    assert res.tokens == greedy_decode(target, prompt, 7, eos=[])
+    assert res.accepted == [BLOCK - 1, BLOCK - 1]  # 1 + 4 + 4 ≥ 7: the output is cut to 7
+    assert oracle.calls == [5, 5 + BLOCK]  # anchors: the first new token, then each bonus token
+
+
+def test_eos_stops_both_decodings(target) -> None:
+    prompt = random_prompts(1, 6, seed=3)[0]
+    plain = greedy_decode(target, prompt, 12, eos=[])
+    stop = plain[4]
+    want = plain[: plain.index(stop) + 1]
+    assert greedy_decode(target, prompt, 12, eos=[stop]) == want
+    got = speculative_decode(target, OracleDrafter(target, BLOCK), prompt, 12, eos=[stop])
+    assert got.tokens == want
+
+
+def test_random_drafter_tau_near_one_and_lossless(target) -> None:
+    report = evaluate(
+        target, random_drafter(target), random_prompts(4, 6, seed=4), max_new_tokens=16
+    )
+    assert 1.0 <= report.tau < 1.3
+    assert len(report.slot_acceptance) == BLOCK - 1
+    assert report.tau == pytest.approx(1 + sum(report.slot_acceptance))
+    assert report.speedup < 1.3
+
+
+def test_single_block_draft_is_the_training_forward(target) -> None:
+    """The inference call (context cut at the anchor, padded) equals the block of the same
+    anchor inside a training batch that holds the whole sequence's features."""
+    block = random_drafter(target, seed=5)
+    ids = torch.tensor(random_prompts(1, 20, seed=6))  # (1, 20)
+    feats = target(ids).features  # (1, 20, n·H)
+    anchors = torch.tensor([[3, 9, 14]])
+    with torch.no_grad():
+        train_hidden = block.drafter(
+            feats, ids, anchors, torch.ones_like(anchors, dtype=torch.bool), block.embed_weight
+        )  # (1, 3, B, H)
+    for n, p in enumerate(anchors[0].tolist()):
+        got = block.block_hidden(feats[:, :p], ids[:, : p + 1], p)  # (B, H)
+        torch.testing.assert_close(got, train_hidden[0, n], rtol=1e-4, atol=1e-5)
+
+
+def test_lossless_violation_names_prompt_and_position(target) -> None:
+    prompt = random_prompts(1, 6, seed=7)[0]
+    want = greedy_decode(target, prompt, 8, eos=[])
+    bad = [*want[:5], (want[5] + 1) % 256, *want[6:]]
+    with pytest.raises(LosslessViolation) as err:
+        _check_lossless(target, 3, prompt, bad, 8, [])
+    assert err.value.prompt == 3 and err.value.position == 5
+    assert err.value.expected == want[5] and "prompt 3: new token 5" in str(err.value)
+
+
+def test_prompts_from_both_training_formats(tmp_path, target) -> None:
+    tok = tmp_path / "tok.jsonl"
+    rows = [
+        {"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1]},
+        {"input_ids": [9, 10], "loss_mask": [False, False]},
+    ]
+    tok.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert load_prompts(tok) == [[5, 6], [9, 10]]
+    chat = tmp_path / "chat.jsonl"
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    chat.write_text(json.dumps({"messages": msgs}) + "\n")
+    folder = Path(target.model.name_or_path)
+    (prompt,) = load_prompts(chat, tokenizer_dir=folder)
+    from transformers import AutoTokenizer
+
+    tk = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    assert tk.decode(prompt) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"input_ids": [1, 2], "loss_mask": [1, 1]}) + "\n")
+    with pytest.raises(PromptFileError, match="bad.jsonl:1: empty prompt"):
+        load_prompts(bad)
