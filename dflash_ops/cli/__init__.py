@@ -1,5 +1,7 @@
 """The `dflash` command: deploy the trainer to a place and run, watch and stop its job.
 
+    dflash init [--host H [--ct N]] [--model PATH] [--force]
+    dflash doctor [--host H [--ct N] | --target NAME] [--json] [--no-gpu-smoke]
     dflash deploy [--host H [--ct N] | --target NAME] [--resume]
     dflash logs [--follow] [--tail N]
     dflash status [--json]
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 
 import typer
 
-from dflash_ops.cli import control, deploy, logs, output, status
+from dflash_ops.cli import control, deploy, doctor, init, logs, output, status
 from dflash_ops.cli.context import Globals
 from dflash_ops.cli.options import ConfigOption, VerboseOption
 from dflash_ops.errors import DflashError
@@ -25,12 +27,12 @@ app = typer.Typer(
     name="dflash",
     help="Train DFlash drafters on your own GPU boxes: deploy the trainer, run and watch the job.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish)
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-for group in (deploy, logs, status, control):
+for group in (init, doctor, deploy, logs, status, control):
     app.add_typer(group.app)
 
 
