@@ -31,6 +31,7 @@ from dflash_ops import shell
 from dflash_ops.config import JobConfig, Target
 from dflash_ops.errors import DflashError
 from dflash_ops.place import Place
+from dflash_ops.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,17 @@ class Setup:
     train: Mapping[str, Any] = field(default_factory=dict)
     project_dir: Path | None = None  # where trainer/ is taken from for the smoke test
     min_free_gib: float = DEFAULT_MIN_FREE_GIB
+
+    @classmethod
+    def of(cls, ws: Workspace, *, min_free_gib: float = DEFAULT_MIN_FREE_GIB) -> Setup:
+        """The setup of a command's workspace (its target, `[job]`, `[train]`, project folder)."""
+        return cls(
+            target=ws.target,
+            job=ws.config.job,
+            train=ws.config.train,
+            project_dir=ws.config.project_dir,
+            min_free_gib=min_free_gib,
+        )
 
 
 @dataclass
@@ -173,14 +185,25 @@ def job_argv(setup: Setup, argv: Sequence[str]) -> list[str]:
     return ["env", *pairs, *argv]
 
 
-def check_python(setup: Setup, place: Place, found: Findings) -> Check:
-    """The configured `python` starts and answers the probe."""
+_VERSION_PROBE = (
+    "import json, platform, sys; "
+    'print(json.dumps({"python": platform.python_version(), "executable": sys.executable}))'
+)
+
+
+def check_python_runs(setup: Setup, place: Place, found: Findings) -> Check:
+    """`check_python` without importing torch: fast enough to run before every deploy."""
+    return check_python(setup, place, found, probe=_VERSION_PROBE)
+
+
+def check_python(setup: Setup, place: Place, found: Findings, *, probe: str = _PROBE) -> Check:
+    """The configured `python` starts and answers the probe (version, torch, CUDA)."""
     python = setup.target.python
     fix = (
         f'Install Python 3.11+ there, or set python = "/path/to/python" in the target\'s table '
         f"of deploy.toml (now {python!r})."
     )
-    result = place.run(job_argv(setup, [python, "-c", _PROBE]), check=False, timeout=PROBE_TIMEOUT)
+    result = place.run(job_argv(setup, [python, "-c", probe]), check=False, timeout=PROBE_TIMEOUT)
     if result.exit_code != 0:
         return failed(
             "python",
@@ -474,8 +497,11 @@ def smoke_check(report: Mapping[str, Any], *, gpus: int) -> Check:
 # --- running them ------------------------------------------------------------------------------
 
 
-def plan(target: Target, *, gpu_smoke: bool = True) -> list[Step]:
-    """The checks that apply to this kind of place, in order, with what each needs."""
+def plan(target: Target, *, gpu_smoke: bool = True, cheap: bool = False) -> list[Step]:
+    """The checks that apply to this kind of place, in order, with what each needs.
+
+    `cheap`: only what `dflash deploy` checks first (reachable, container, tmux, python runs).
+    """
     steps: list[Step] = []
     base: tuple[str, ...] = ()
     if target.place != "local":
@@ -484,6 +510,8 @@ def plan(target: Target, *, gpu_smoke: bool = True) -> list[Step]:
     if target.place == "proxmox":
         steps.append(Step("container", check_container, base))
         base = (*base, "container")
+    if cheap:
+        return [*steps, Step("tmux", check_tmux, base), Step("python", check_python_runs, base)]
     steps += [
         Step("tmux", check_tmux, base),
         Step("python", check_python, base),
@@ -498,23 +526,18 @@ def plan(target: Target, *, gpu_smoke: bool = True) -> list[Step]:
     return steps
 
 
-CHEAP = ("ssh", "container", "tmux", "python")
-
-
 def diagnose(
     setup: Setup,
     place: Place,
     *,
     gpu_smoke: bool = True,
-    only: Sequence[str] | None = None,
     on_check: Callable[[Check], None] | None = None,
+    steps: Sequence[Step] | None = None,
 ) -> list[Check]:
     """Run the checks in order; a check whose premise failed is reported as skipped."""
     found = Findings()
     results: dict[str, Check] = {}
-    for step in plan(setup.target, gpu_smoke=gpu_smoke):
-        if only is not None and step.name not in only:
-            continue
+    for step in steps if steps is not None else plan(setup.target, gpu_smoke=gpu_smoke):
         broken = [n for n in step.needs if n in results and not results[n].ok]
         if broken:
             check = Check(
@@ -536,14 +559,21 @@ class PreflightFailed(DflashError):
     """A cheap check before deploy failed; the message is the check's, the hint its fix."""
 
 
-def preflight(setup: Setup, place: Place) -> list[Check]:
-    """The cheap checks (reachable, container, tmux, python) before a deploy acts on the place.
+def preflight(ws: Workspace) -> list[Check]:
+    """The cheap checks before `dflash deploy` acts on the place; raises on the first failure.
 
-    Raises `PreflightFailed` with the first failure's message and fix, the same words `dflash
-    doctor` prints. The python check is left out when `[job] command` replaces the trainer.
+    Opening `ws.place` is the reachability and container check (it raises the very errors that
+    `dflash doctor` reports for them); tmux and the job's python (it starts; torch is not
+    imported, to keep deploy fast) follow on the same connection. `PreflightFailed` carries the
+    failed check's message and fix, as `dflash doctor` prints them. The python check is left out
+    when `[job] command` replaces the trainer.
     """
-    names = [n for n in CHEAP if not (n == "python" and setup.job.command is not None)]
-    checks = diagnose(setup, place, gpu_smoke=False, only=names)
+    setup = Setup.of(ws)
+    place = ws.place
+    steps = [s for s in plan(ws.target, cheap=True) if s.name in ("tmux", "python")]
+    if setup.job.command is not None:
+        steps = [s for s in steps if s.name != "python"]
+    checks = diagnose(setup, place, steps=steps)
     for check in checks:
         if not check.ok and not check.skipped:
             raise PreflightFailed(f"{check.name}: {check.detail}", hint=check.fix)

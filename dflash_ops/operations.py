@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_ops import state
+from dflash_ops import doctor, state
 from dflash_ops.job import JobState
 from dflash_ops.launch import LaunchPlan
 from dflash_ops.release import KEEP, build_bundle, new_release_id
@@ -59,6 +59,7 @@ def start_job(ws: Workspace) -> JobState:
 
 
 def deploy(ws: Workspace, *, resume: bool = False, say: Say = _quiet) -> DeployReport:
+    doctor.preflight(ws)  # reachable, container, tmux, python: stop before touching anything
     job_config = ws.config.job
     plan = LaunchPlan(
         release_id=new_release_id(),

@@ -20,19 +20,9 @@ from dflash_ops.cli.options import (
     UserOption,
     target_flags,
 )
-from dflash_ops.workspace import Workspace, open_place
+from dflash_ops.workspace import open_place
 
 app = typer.Typer()
-
-
-def setup_of(ws: Workspace, *, min_free_gib: float = doctor.DEFAULT_MIN_FREE_GIB) -> doctor.Setup:
-    return doctor.Setup(
-        target=ws.target,
-        job=ws.config.job,
-        train=ws.config.train,
-        project_dir=ws.config.project_dir,
-        min_free_gib=min_free_gib,
-    )
 
 
 @app.command("doctor")
@@ -79,7 +69,10 @@ def doctor_command(
         output.info(f"Checking {ws.target.describe()} (target {ws.target.name!r}):")
     try:
         checks = doctor.diagnose(
-            setup_of(ws, min_free_gib=min_free_gib), place, gpu_smoke=gpu_smoke, on_check=show
+            doctor.Setup.of(ws, min_free_gib=min_free_gib),
+            place,
+            gpu_smoke=gpu_smoke,
+            on_check=show,
         )
     finally:
         place.close()
