@@ -25,7 +25,6 @@ from dflash_ops.errors import DflashError
 
 app = typer.Typer(
     name="dflash",
-    help="Train DFlash drafters on your own GPU boxes: deploy the trainer, run and watch the job.",
     no_args_is_help=True,
     add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish)
     pretty_exceptions_enable=False,
@@ -49,6 +48,10 @@ def root(
       dflash deploy            # ship trainer/ and start the job ([target] in deploy.toml)
       dflash logs --follow     # watch it; exits with the job's exit code
       dflash status            # running? loss? throughput?
+
+    \b
+    First time: dflash init (writes deploy.toml), then dflash doctor (checks the place).
+    Shell completion (bash, zsh, fish): dflash --install-completion
     """
     ctx.obj = Globals(config=config, verbose=verbose)
     output.setup_logging(verbose)
