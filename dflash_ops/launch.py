@@ -48,6 +48,7 @@ def render(plan: LaunchPlan) -> str:
         "DFLASH_RELEASE": plan.release_id,
         "DFLASH_CHECKPOINTS": plan.checkpoints,
         "DFLASH_GPUS": str(plan.gpus),
+        "DFLASH_PYTHON": plan.python,
     }
     if plan.gpus > 1:
         exports["DFLASH_TARGET_GPUS"] = str(plan.target_gpus)

@@ -1,0 +1,80 @@
+"""Helpers for the CLI tests: run `python -m dflash_ops` in a project folder, write configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Where:
+    """A place the CLI tests deploy to, and where its files can be inspected from this machine."""
+
+    kind: str  # "local" | "ssh" | "proxmox"
+    project: Path
+    flags: list[str]  # target selection flags for deploy
+    root: Path  # host path of the target's root (releases/, current)
+    checkpoints: Path  # host path of the target's checkpoints folder
+    socket: str
+    targets: str = ""  # extra deploy.toml text ([targets.NAME] tables)
+    canary_at: str = ""  # a path as the job sees it, that must never be created
+    canary_host: Path = Path("/nonexistent")  # the same file as this machine sees it
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
+
+    def config(self, command: str, *, env: dict[str, str] | None = None, extra: str = "") -> None:
+        env_line = ", ".join(f"{k} = {json.dumps(v)}" for k, v in (env or {}).items())
+        text = (
+            f"{self.targets}\n[job]\nsocket = {json.dumps(self.socket)}\n"
+            f"command = {json.dumps(command)}\nstop_timeout = 3\n"
+            + (f"env = {{ {env_line} }}\n" if env_line else "")
+            + extra
+            + "\n[train]\ndemo = true\n"
+        )
+        (self.project / "deploy.toml").write_text(text)
+
+    def run(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        return dflash(self.project, *args, timeout=timeout)
+
+    def status(self, *flags: str) -> dict[str, Any]:
+        result = self.run("status", "--json", *flags)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    def wait_exited(self, timeout: float = 30) -> dict[str, Any]:
+        end = time.monotonic() + timeout
+        while True:
+            report = self.status()
+            if not report["running"] or time.monotonic() > end:
+                return report
+            time.sleep(0.3)
+
+    def releases(self) -> list[str]:
+        folder = self.root / "releases"
+        return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def dflash(project: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)
+    env.pop("DFLASH_CONFIG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "dflash_ops", *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def kill_tmux_server(socket: str) -> None:
+    subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)

@@ -1,0 +1,67 @@
+"""Archiving and listing the checkpoints folder on the local place (real files, real mv)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from dflash_ops.checkpoints import Checkpoints
+from dflash_ops.errors import CheckpointPathError
+from dflash_ops.place import HostPlace
+from dflash_ops.transport import LocalTransport
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "step-100").mkdir(parents=True)
+    (ckpt / "step-100" / "model.pt").write_bytes(b"w" * 10)
+    (ckpt / "metrics.jsonl").write_text('{"step": 100}\n')
+    (ckpt / "train_stdout.log").write_text("log\n")
+    (ckpt / ".hidden").write_text("h")
+    (ckpt / "odd name\nwith newline; $(x)").write_text("o")
+    return ckpt
+
+
+def checkpoints(path: Path | str) -> Checkpoints:
+    return Checkpoints(HostPlace(LocalTransport()), str(path))
+
+
+def test_archive_moves_everything_and_deletes_nothing(folder: Path) -> None:
+    before = sorted(p.name for p in folder.iterdir())
+    when = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
+    dest = checkpoints(folder).archive(now=when)
+    assert dest == f"{folder}/archive/20260102T030405.678Z"
+    assert [p.name for p in folder.iterdir()] == ["archive"]
+    assert sorted(p.name for p in Path(dest).iterdir()) == before
+    assert (Path(dest) / "step-100" / "model.pt").read_bytes() == b"w" * 10
+
+    (folder / "step-200").mkdir()
+    second = checkpoints(folder).archive(now=when + dt.timedelta(seconds=1))
+    assert second is not None and sorted(p.name for p in Path(second).iterdir()) == ["step-200"]
+    assert sorted(p.name for p in Path(dest).iterdir()) == before  # the first archive untouched
+
+
+def test_archive_of_empty_or_missing_folder(tmp_path: Path) -> None:
+    assert checkpoints(tmp_path / "missing").archive() is None
+    (tmp_path / "empty" / "archive").mkdir(parents=True)
+    assert checkpoints(tmp_path / "empty").archive() is None
+
+
+def test_list_live_and_archived(folder: Path) -> None:
+    ck = checkpoints(folder)
+    ck.archive()
+    (folder / "step-300").mkdir()
+    listing = ck.list()
+    assert [e.name for e in listing.live] == ["step-300"]
+    ((stamp, entries),) = listing.archived.items()
+    assert "step-100" in [e.name for e in entries]
+    assert "odd name\nwith newline; $(x)" in [e.name for e in entries]
+
+
+@pytest.mark.parametrize("path", ["/", "relative", "/a/../b", "", "/x\n/y"])
+def test_unsafe_folders_are_refused(path: str) -> None:
+    with pytest.raises(CheckpointPathError):
+        checkpoints(path)

@@ -1,0 +1,92 @@
+"""Failures as the user sees them: one message naming the problem, a hint, a non-zero exit,
+never a traceback. And `--help` with an example on every command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dflash_ops.cli import app
+from tests.cli_helpers import dflash
+
+COMMANDS = ["deploy", "logs", "status", "restart", "stop"]
+
+
+def check_failure(result, *words: str) -> None:  # type: ignore[no-untyped-def]
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: ")
+    assert "hint: " in result.stderr
+    for word in words:
+        assert word in result.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_has_an_example(command: str) -> None:
+    result = CliRunner().invoke(app, [command, "--help"])
+    assert result.exit_code == 0
+    assert "Examples:" in result.output and f"dflash {command}" in result.output
+
+
+def test_root_help_lists_commands() -> None:
+    result = CliRunner().invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in COMMANDS:
+        assert command in result.output
+
+
+def test_unknown_key_names_key_and_file(tmp_path: Path) -> None:
+    (tmp_path / "deploy.toml").write_text("[job]\ngpu = 2\n")
+    check_failure(dflash(tmp_path, "status"), "'job.gpu'", str(tmp_path / "deploy.toml"))
+
+
+def test_wrong_type_names_key_and_file(tmp_path: Path) -> None:
+    (tmp_path / "deploy.toml").write_text('[targets.box]\nplace = "ssh"\nport = "22"\n')
+    check_failure(dflash(tmp_path, "status"), "'targets.box.port'", "deploy.toml")
+
+
+def test_missing_target_name(tmp_path: Path) -> None:
+    (tmp_path / "deploy.toml").write_text("")
+    check_failure(dflash(tmp_path, "deploy", "--target", "gpu"), "'gpu'", "--target")
+
+
+def test_ct_without_host(tmp_path: Path) -> None:
+    (tmp_path / "deploy.toml").write_text("")
+    check_failure(dflash(tmp_path, "deploy", "--ct", "200"), "--ct needs --host")
+
+
+def test_no_config(tmp_path: Path) -> None:
+    check_failure(dflash(tmp_path, "status"), "No config file", "deploy.toml")
+
+
+def test_config_flag_and_env(tmp_path: Path) -> None:
+    other = tmp_path / "elsewhere.toml"
+    other.write_text("[job]\nbad = 1\n")
+    check_failure(dflash(tmp_path, "--config", str(other), "status"), str(other))
+
+
+def test_hostile_session_name_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    canary = tmp_path / "canary"
+    (tmp_path / "deploy.toml").write_text(
+        f'[job]\nsession = "x; touch {canary}"\ncommand = "touch {canary}"\n'
+    )
+    check_failure(dflash(tmp_path, "deploy"), "'job.session'")
+    assert not canary.exists() and not (tmp_path / ".dflash").exists()
+
+
+def test_restart_before_deploy(tmp_path: Path) -> None:
+    (tmp_path / "deploy.toml").write_text('[job]\nsocket = "dft-never"\ncommand = "true"\n')
+    check_failure(dflash(tmp_path, "restart"), "Nothing is deployed")
+
+
+def test_deploy_without_trainer_or_command(tmp_path: Path) -> None:
+    (tmp_path / "deploy.toml").write_text('[job]\nsocket = "dft-never"\n')
+    check_failure(dflash(tmp_path, "deploy"), "train.py")
+    assert not (tmp_path / ".dflash" / "local" / "releases").exists()
+
+
+def test_usage_error_is_not_a_traceback(tmp_path: Path) -> None:
+    result = dflash(tmp_path, "deploy", "--ct", "abc")
+    assert result.returncode == 2 and "Traceback" not in result.stderr

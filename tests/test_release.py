@@ -1,0 +1,186 @@
+"""Bundles, the generated launch script, and releases on the local place (real tar, real bash)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import tarfile
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from dflash_ops.errors import ReleaseError, RemoteCommandFailed
+from dflash_ops.launch import LaunchPlan, render
+from dflash_ops.place import HostPlace
+from dflash_ops.release import RELEASE_ID, Releases, build_bundle, new_release_id
+from dflash_ops.transport import LocalTransport
+
+TRAIN = {"steps": 3, "model": {"layers": 2, "name": "tiny"}, "lr": 1e-3, "tags": ["a", "b"]}
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    folder = tmp_path / "project"
+    (folder / "trainer" / "__pycache__").mkdir(parents=True)
+    (folder / "trainer" / "__init__.py").write_text("")
+    (folder / "trainer" / "train.py").write_text("print('train')\n")
+    (folder / "trainer" / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0")
+    (folder / "trainer" / "stale.pyc").write_bytes(b"\0")
+    return folder
+
+
+def plan(**overrides: object) -> LaunchPlan:
+    values: dict[str, object] = {
+        "release_id": new_release_id(),
+        "python": "python3",
+        "checkpoints": "/ck",
+    }
+    values.update(overrides)
+    return LaunchPlan(**values)  # type: ignore[arg-type]
+
+
+def members(data: bytes) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {m.name: m for m in tar.getmembers()}
+
+
+def read(data: bytes, name: str) -> bytes:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        handle = tar.extractfile(name)
+        assert handle is not None
+        return handle.read()
+
+
+def test_bundle_contents(project: Path) -> None:
+    bundle = build_bundle(project, plan=plan(), train=TRAIN, target="local")
+    names = members(bundle.data)
+    assert {"trainer/__init__.py", "trainer/train.py", "train.toml", "launch.sh"} <= set(names)
+    assert "RELEASE.json" in names and "command.sh" not in names
+    assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
+    assert names["launch.sh"].mode == 0o755
+    assert tomllib.loads(read(bundle.data, "train.toml").decode()) == TRAIN
+    meta = json.loads(read(bundle.data, "RELEASE.json"))
+    assert meta["id"] == bundle.release_id and "@" in meta["by"] and meta["target"] == "local"
+    assert "created" in meta and "source" in meta
+
+
+def test_bundle_without_trainer_needs_a_command(tmp_path: Path) -> None:
+    with pytest.raises(ReleaseError, match="train.py"):
+        build_bundle(tmp_path, plan=plan(), train={}, target="local")
+    bundle = build_bundle(tmp_path, plan=plan(command="echo hi"), train={}, target="local")
+    assert read(bundle.data, "command.sh") == b"echo hi\n"
+
+
+def test_release_ids_sort_by_time() -> None:
+    ids = [new_release_id() for _ in range(3)]
+    assert all(RELEASE_ID.fullmatch(i) for i in ids)
+    assert ids[0][:19] <= ids[-1][:19]
+
+
+def run_launch(tmp_path: Path, launch_plan: LaunchPlan, *, command_text: str | None = None) -> str:
+    """Unpack a launch script into a release folder and run it with a stand-in interpreter."""
+    release = tmp_path / "releases" / launch_plan.release_id
+    release.mkdir(parents=True)
+    (release / "launch.sh").write_text(render(launch_plan))
+    if command_text is not None:
+        (release / "command.sh").write_text(command_text + "\n")
+    (tmp_path / "current").symlink_to(f"releases/{launch_plan.release_id}")
+    result = subprocess.run(
+        ["bash", str(tmp_path / "current" / "launch.sh")],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture
+def fake_python(tmp_path: Path) -> Path:
+    """Prints its cwd, argv and the DFLASH_* environment, one per line."""
+    script = tmp_path / "bin" / "fake python"
+    script.parent.mkdir()
+    script.write_text(
+        '#!/bin/bash\npwd\nfor a in "$@"; do echo "arg:$a"; done\nenv | grep ^DFLASH_ | sort\n'
+    )
+    script.chmod(0o755)
+    return script
+
+
+def test_launch_single_process(tmp_path: Path, fake_python: Path) -> None:
+    ckpt = "/data/it's $(here) ; x"
+    launch_plan = plan(python=str(fake_python), checkpoints=ckpt, gpus=1)
+    out = run_launch(tmp_path, launch_plan).splitlines()
+    release = tmp_path / "releases" / launch_plan.release_id
+    assert out[0] == str(release)  # cd -P into the release itself
+    args = [line[4:] for line in out if line.startswith("arg:")]
+    assert args == ["-m", "trainer.train", "--config", "train.toml", "--out", ckpt]
+    assert f"DFLASH_CHECKPOINTS={ckpt}" in out
+    assert f"DFLASH_RELEASE={launch_plan.release_id}" in out
+    assert not any(line.startswith("DFLASH_TARGET_GPUS") for line in out)
+
+
+def test_launch_torchrun_over_gpus(tmp_path: Path, fake_python: Path) -> None:
+    out = run_launch(tmp_path, plan(python=str(fake_python), gpus=8, target_gpus=5)).splitlines()
+    args = [line[4:] for line in out if line.startswith("arg:")]
+    assert args[:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8"]
+    assert args[5:] == ["-m", "trainer.train", "--config", "train.toml", "--out", "/ck"]
+    assert "DFLASH_TARGET_GPUS=5" in out and "DFLASH_GPUS=8" in out
+
+
+def test_launch_runs_the_users_command_with_bash(tmp_path: Path) -> None:
+    text = 'echo "in $(basename "$PWD")"; echo "$DFLASH_CHECKPOINTS"'
+    launch_plan = plan(command=text)
+    out = run_launch(tmp_path, launch_plan, command_text=text)
+    assert out == f"in {launch_plan.release_id}\n/ck\n"
+
+
+@pytest.fixture
+def releases(tmp_path: Path) -> Releases:
+    return Releases(HostPlace(LocalTransport()), str(tmp_path / "root"))
+
+
+def push(releases: Releases, project: Path) -> str:
+    bundle = build_bundle(project, plan=plan(), train=TRAIN, target="local")
+    releases.deploy(bundle)
+    return bundle.release_id
+
+
+def test_push_switch_and_keep_five(releases: Releases, project: Path, tmp_path: Path) -> None:
+    assert releases.current() is None
+    with pytest.raises(ReleaseError, match="Nothing is deployed"):
+        releases.require_current()
+    ids = [push(releases, project) for _ in range(7)]
+    assert releases.list() == sorted(ids)[-5:]
+    assert releases.current() == ids[-1]
+    current = tmp_path / "root" / "current"
+    assert os.readlink(current) == f"releases/{ids[-1]}"
+    assert (current / "trainer" / "train.py").read_text() == "print('train')\n"
+    assert tomllib.loads((current / "train.toml").read_text()) == TRAIN
+
+
+def test_interrupted_push_keeps_current_and_is_cleaned(
+    releases: Releases, project: Path, tmp_path: Path
+) -> None:
+    good = push(releases, project)
+    broken = build_bundle(project, plan=plan(), train=TRAIN, target="local")
+    truncated = type(broken)(release_id=broken.release_id, data=broken.data[:700], meta={})
+    with pytest.raises(RemoteCommandFailed):
+        releases.push(truncated)  # the stream ended early: tar fails
+    assert releases.current() == good
+    assert (tmp_path / "root" / "releases" / f"{broken.release_id}.tmp").exists()
+    newer = push(releases, project)
+    assert releases.current() == newer
+    assert not list((tmp_path / "root" / "releases").glob("*.tmp"))
+
+
+def test_prune_never_removes_current(releases: Releases, project: Path) -> None:
+    ids = [push(releases, project) for _ in range(3)]
+    releases.switch(ids[0])
+    removed = releases.prune(releases.list(), keep=1)
+    assert removed == [ids[1]]  # the newest one stays, and so does the current one
+    assert releases.list() == [ids[0], ids[2]]
