@@ -565,14 +565,12 @@ def preflight(ws: Workspace) -> list[Check]:
     Opening `ws.place` is the reachability and container check (it raises the very errors that
     `dflash doctor` reports for them); tmux and the job's python (it starts; torch is not
     imported, to keep deploy fast) follow on the same connection. `PreflightFailed` carries the
-    failed check's message and fix, as `dflash doctor` prints them. The python check is left out
-    when `[job] command` replaces the trainer.
+    failed check's message and fix, as `dflash doctor` prints them. The python check stays even
+    when `[job] command` replaces the trainer: the command gets it as `$DFLASH_PYTHON`.
     """
     setup = Setup.of(ws)
     place = ws.place
     steps = [s for s in plan(ws.target, cheap=True) if s.name in ("tmux", "python")]
-    if setup.job.command is not None:
-        steps = [s for s in steps if s.name != "python"]
     checks = diagnose(setup, place, steps=steps)
     for check in checks:
         if not check.ok and not check.skipped:

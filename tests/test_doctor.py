@@ -445,7 +445,7 @@ def test_preflight_runs_on_the_workspace_connection(proxmox, tmp_path):
     ws = Workspace.load(config_file=folder / "deploy.toml", flags=TargetFlags())
     try:
         checks = doctor.preflight(ws)
-        assert [c.name for c in checks] == ["tmux"]  # [job] command: no python needed
+        assert [c.name for c in checks] == ["tmux", "python"]
         assert ws.place.transport.connections_opened == 1
     finally:
         ws.close()
