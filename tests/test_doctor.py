@@ -438,6 +438,7 @@ def test_read_only_checkpoints_mount_in_the_container(proxmox, tmp_path):
 
 def test_preflight_runs_on_the_workspace_connection(proxmox, tmp_path):
     proxmox.create(200)
+    lend_python(proxmox, 200)
     folder = pve_project(tmp_path)
     (folder / "deploy.toml").write_text(
         (folder / "deploy.toml").read_text().replace("[job]", '[job]\ncommand = "true"')
