@@ -61,7 +61,7 @@ CPU_SHAPE = Shape(
     batch=2, heads=4, kv_heads=2, head_dim=16, context=128, blocks=4, block_size=8, vocab=512
 )
 # Relative-error bounds against float64: bf16 inputs and bf16 logits on CUDA, fp32 on the CPU.
-TOLERANCE = {"cuda": {"loss": 2e-2, "grad": 6e-2}, "cpu": {"loss": 1e-4, "grad": 1e-3}}
+TOLERANCE = {"cuda": {"loss": 1e-2, "grad": 3e-2}, "cpu": {"loss": 1e-4, "grad": 1e-3}}
 GAMMA, KL_WEIGHT, CAP_WEIGHT = 7.0, 0.15, 0.1
 
 
