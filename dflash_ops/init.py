@@ -152,15 +152,20 @@ def render(plan: InitPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(path: Path, text: str, *, force: bool = False) -> None:
-    """Write `text` to `path` atomically; refuse to replace an existing file without `force`."""
+def check_target_file(path: Path, *, force: bool = False) -> None:
+    """Refuse a folder, and an existing file unless `force` (checked before asking the place)."""
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder.", hint="Pass --config FILE naming a file.")
     if path.exists() and not force:
         raise ConfigError(
             f"{path} already exists; not overwriting it.",
             hint="Pass --force to replace it, or --config OTHER.toml to write another file.",
         )
-    if path.is_dir():
-        raise ConfigError(f"{path} is a folder.", hint="Pass --config FILE naming a file.")
+
+
+def write(path: Path, text: str, *, force: bool = False) -> None:
+    """Write `text` to `path` atomically; refuse to replace an existing file without `force`."""
+    check_target_file(path, force=force)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:

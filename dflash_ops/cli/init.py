@@ -52,12 +52,11 @@ def init_command(
     """
     root = ctx.find_object(Globals) or Globals()
     path = (root.config or Path(DEFAULT_CONFIG_NAME)).expanduser().absolute()
-    if path.exists() and not force:
-        init_lib.write(path, "", force=False)  # raises the "already exists" error
+    init_lib.check_target_file(path, force=force)  # before connecting anywhere
     if ct is not None and host is None:
         raise ConfigError("--ct needs --host: the container lives on a Proxmox node.")
     place_kind = "local" if host is None else "ssh" if ct is None else "proxmox"
-    target = Target(
+    target = Target(  # only the connection fields matter: it is used to ask for the GPUs
         name="init",
         place=place_kind,
         host=host,
