@@ -5,7 +5,9 @@
     dflash status [--json]
     dflash restart [--clean]
     dflash stop
-    dflash checkpoints
+    dflash releases
+    dflash rollback [--to ID]
+    dflash checkpoints [prune --keep N]
 
 Every failure is one message, a hint and a non-zero exit (`main` catches `DflashError`).
 """
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 
 import typer
 
-from dflash_ops.cli import checkpoints, control, deploy, logs, output, status
+from dflash_ops.cli import checkpoints, control, deploy, logs, output, releases, status
 from dflash_ops.cli.context import Globals
 from dflash_ops.cli.options import ConfigOption, VerboseOption
 from dflash_ops.errors import DflashError
@@ -31,7 +33,7 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-for group in (deploy, logs, status, control, checkpoints):
+for group in (deploy, logs, status, control, releases, checkpoints):
     app.add_typer(group.app)
 
 

@@ -1,0 +1,275 @@
+"""The drafter's attention at the seed's shape, side by side in one run.
+
+    python bench/bench_attention.py --out attention.json          # one H200: the real shape
+    python bench/bench_attention.py --smoke --out /tmp/att.json   # tiny shapes on the CPU
+
+Rows: `draft_attention` (flex backend, as the trainer calls it), raw `torch.compile(
+flex_attention)` over a hand-built BlockMask (compiled `create_block_mask`), SDPA with the dense
+bool mask, and eager FlexAttention (refused by the dense-budget guard: the row reports the GiB
+it would need). Columns: fwd+bwd ms (median after warm-up, CUDA events), peak GiB beyond the
+inputs, and the BlockMask build time. Goal: ours within 1.05× of raw flex, mask build ≤ 5 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from common import (
+    ANCHOR_TFLOPS,
+    environment,
+    is_oom,
+    markdown,
+    peak_gib,
+    repo_on_path,
+    sync,
+    time_ms,
+    write,
+)
+
+repo_on_path()
+
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: E402
+
+from trainer.attention import build_draft_mask, draft_attention, flex_kernels  # noqa: E402
+from trainer.errors import DenseAttentionTooLarge  # noqa: E402
+from trainer.masks import batched_dense_mask  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    blocks: int
+    block: int
+    context: int
+    heads: int
+    head_dim: int
+
+    @property
+    def q_len(self) -> int:
+        return self.blocks * self.block
+
+    @property
+    def kv_len(self) -> int:
+        return self.context + self.q_len
+
+
+SEED = Shape(batch=1, blocks=2048, block=16, context=49152, heads=32, head_dim=128)
+SMOKE = Shape(batch=1, blocks=4, block=4, context=128, heads=2, head_dim=16)
+
+
+def raw_mask_mod(anchors: torch.Tensor, context: int, block: int):
+    """The same mask written by hand, all blocks valid: context before the anchor, own block."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        n = q_idx // block
+        return (kv_idx < anchors[b, n]) | ((kv_idx >= context) & ((kv_idx - context) // block == n))
+
+    return mask_mod
+
+
+def make_inputs(shape: Shape, device: torch.device, dtype: torch.dtype):
+    g = torch.Generator(device=device).manual_seed(0)
+    anchors = torch.randint(
+        1, shape.context, (shape.batch, shape.blocks), generator=g, device=device
+    )
+    anchors = torch.sort(anchors, dim=1).values
+    valid = torch.ones_like(anchors, dtype=torch.bool)
+    size_q = (shape.batch, shape.heads, shape.q_len, shape.head_dim)
+    size_kv = (shape.batch, shape.heads, shape.kv_len, shape.head_dim)
+    q = torch.randn(size_q, generator=g, device=device, dtype=dtype).requires_grad_(True)
+    k = torch.randn(size_kv, generator=g, device=device, dtype=dtype).requires_grad_(True)
+    v = torch.randn(size_kv, generator=g, device=device, dtype=dtype).requires_grad_(True)
+    grad = torch.randn(size_q, generator=g, device=device, dtype=dtype)
+    return anchors, valid, (q, k, v), grad
+
+
+def fwd_bwd(attend, leaves, grad):
+    def clear():
+        for t in leaves:
+            t.grad = None
+
+    def step():
+        clear()
+        attend(*leaves).backward(grad)
+
+    step.clear = clear
+    return step
+
+
+def measure(name: str, step, device, args, **extra: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"implementation": name, **extra}
+    try:
+        row["fwd+bwd ms"] = time_ms(step, device, warmup=args.warmup, reps=args.reps)
+        step.clear()  # gradients of the inputs count towards the peak
+        row["peak GiB"] = peak_gib(step, device)
+    except Exception as exc:  # an OOM (or a backend that cannot run here) is a result
+        if not is_oom(exc) and device.type == "cuda":
+            raise
+        row["note"] = "OOM" if is_oom(exc) else f"failed: {type(exc).__name__}"
+    return row
+
+
+def build_ms(build, device, args) -> float:
+    return time_ms(build, device, warmup=args.warmup, reps=args.reps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--no-sdpa", action="store_true", help="skip the dense SDPA row")
+    args = parser.parse_args()
+
+    device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+    shape = SMOKE if args.smoke else SEED
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    anchors, valid, leaves, grad = make_inputs(shape, device, dtype)
+    s, b = shape.context, shape.block
+    rows: list[dict[str, Any]] = []
+    flex_ok = device.type == "cuda"  # FlexAttention has no backward on the CPU
+
+    # Ours, exactly as the trainer calls it.
+    backend = "flex" if flex_ok else "sdpa"
+    mask = build_draft_mask(anchors, valid, s, b, backend=backend, num_heads=shape.heads)
+    ours = measure(
+        f"draft_attention ({backend})",
+        fwd_bwd(lambda q, k, v: draft_attention(q, k, v, mask), leaves, grad),
+        device,
+        args,
+        **{
+            "mask build ms": build_ms(
+                lambda: build_draft_mask(
+                    anchors, valid, s, b, backend=backend, num_heads=shape.heads
+                ),
+                device,
+                args,
+            )
+        },
+    )
+    density = None
+    if mask.block_mask is not None:
+        density = 1.0 - mask.block_mask.sparsity() / 100.0
+    rows.append(ours)
+
+    # Raw compiled flex over a hand-built BlockMask: the figure to match.
+    if flex_ok:
+        raw_attention = torch.compile(flex_attention)
+        raw_block_mask = torch.compile(create_block_mask)
+        mod = raw_mask_mod(anchors, s, b)
+
+        def raw_build():
+            return raw_block_mask(mod, shape.batch, None, shape.q_len, shape.kv_len, device=device)
+
+        block_mask = raw_build()
+        rows.append(
+            measure(
+                "raw torch.compile(flex_attention)",
+                fwd_bwd(
+                    lambda q, k, v: raw_attention(q, k, v, block_mask=block_mask), leaves, grad
+                ),
+                device,
+                args,
+                **{"mask build ms": build_ms(raw_build, device, args)},
+            )
+        )
+        try:
+            sync(device)
+            eager_ms = build_ms(
+                lambda: create_block_mask(
+                    mod, shape.batch, None, shape.q_len, shape.kv_len, device=device
+                ),
+                device,
+                argparse.Namespace(warmup=1, reps=3),
+            )
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            eager_ms = None
+        rows.append(
+            {"implementation": "create_block_mask, not compiled", "mask build ms": eager_ms}
+        )
+    else:
+        rows.append(
+            {
+                "implementation": "raw torch.compile(flex_attention)",
+                "note": "skipped: no flex backward on the CPU",
+            }
+        )
+
+    # SDPA with the dense bool mask of the whole batch.
+    if not args.no_sdpa:
+        try:
+            dense = batched_dense_mask(anchors, s, b, valid=valid)[:, None]  # (Bsz, 1, Q, K)
+            rows.append(
+                measure(
+                    "SDPA, dense bool mask",
+                    fwd_bwd(
+                        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=dense),
+                        leaves,
+                        grad,
+                    ),
+                    device,
+                    args,
+                    **{"mask GiB": dense.numel() / float(1 << 30)},
+                )
+            )
+            del dense
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            rows.append({"implementation": "SDPA, dense bool mask", "note": "OOM"})
+
+    # Eager flex: the guard refuses it and says what it would cost.
+    try:
+        build_draft_mask(
+            anchors,
+            valid,
+            s,
+            b,
+            backend="flex",
+            num_heads=shape.heads,
+            kernels=flex_kernels(compiled=False),
+        )
+        note = "within the dense budget (tiny shape)"
+    except DenseAttentionTooLarge as exc:
+        note = f"refused: would need {exc.needed_gib:.0f} GiB"
+    rows.append({"implementation": "flex_attention, not compiled", "note": note})
+
+    flop = 14.0 * shape.q_len * shape.kv_len * shape.head_dim * shape.heads * shape.batch
+    summary: dict[str, Any] = {"block density": density, "dense fwd+bwd FLOP": flop}
+    if density is not None:
+        floor_ms = flop * density / (ANCHOR_TFLOPS * 1e12) * 1e3
+        summary["floor ms at 790 TFLOP/s"] = floor_ms
+        if ours.get("fwd+bwd ms"):
+            summary["ours: fraction of floor"] = floor_ms / ours["fwd+bwd ms"]
+    raw = next(
+        (r for r in rows if r["implementation"].startswith("raw") and r.get("fwd+bwd ms")), None
+    )
+    if raw and ours.get("fwd+bwd ms"):
+        summary["ours / raw flex"] = ours["fwd+bwd ms"] / raw["fwd+bwd ms"]
+
+    columns = ["implementation", "fwd+bwd ms", "peak GiB", "mask build ms", "mask GiB", "note"]
+    print(f"shape {asdict(shape)} dtype {dtype} on {device}")
+    print(markdown(rows, columns))
+    for key, value in summary.items():
+        print(f"- {key}: {value}")
+    write(
+        args.out,
+        {
+            "shape": asdict(shape),
+            "dtype": str(dtype),
+            "env": environment(device),
+            "rows": rows,
+            "summary": summary,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Compiled FlexAttention on CUDA: forward and backward against SDPA with the dense mask, and
+peak memory at the seed's attention shape (run with `pytest tests/gpu`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.attention import build_draft_mask, draft_attention, flex_kernels
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+GIB = float(1 << 30)
+RAW_FLEX_PEAK_GIB = 1.76  # anchors/h200.md: compiled flex fwd+bwd at 32,768 × 81,920
+
+
+def layout(seed, bsz, n, s, *, invalid=0.1):
+    g = torch.Generator().manual_seed(seed)
+    anchors = torch.sort(torch.randint(1, s, (bsz, n), generator=g), dim=1).values
+    valid = torch.rand(bsz, n, generator=g) >= invalid
+    if invalid > 0:
+        valid[0, 1] = False  # at least one block whose rows see nothing
+    return anchors.cuda(), valid.cuda()
+
+
+def inputs(seed, bsz, heads, kv_heads, q_len, kv_len, hd):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shape_q, shape_kv = (bsz, heads, q_len, hd), (bsz, kv_heads, kv_len, hd)
+    q = torch.randn(shape_q, generator=g, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(shape_kv, generator=g, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(shape_kv, generator=g, device="cuda", dtype=torch.bfloat16)
+    return q, k, v
+
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def run(q, k, v, mask, grad):
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out = draft_attention(*leaves, mask)
+    out.backward(grad)
+    return out.detach(), [t.grad for t in leaves]
+
+
+SHAPES = {
+    # bsz, blocks, block size, context, heads, kv heads, head dim
+    "small": (2, 8, 16, 256, 4, 2, 64),
+    "mid": (2, 128, 16, 2048, 8, 2, 128),
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize("window,causal", [(None, False), (512, True)])
+def test_compiled_flex_matches_sdpa_forward_and_backward(name, window, causal):
+    bsz, n, b, s, heads, kv_heads, hd = SHAPES[name]
+    anchors, valid = layout(0, bsz, n, s)
+    q, k, v = inputs(1, bsz, heads, kv_heads, n * b, s + n * b, hd)
+    grad = torch.randn_like(q)
+    opts = dict(window=window, causal_in_block=causal, num_heads=heads)
+    flex_mask = build_draft_mask(anchors, valid, s, b, backend="flex", **opts)
+    sdpa_mask = build_draft_mask(anchors, valid, s, b, backend="sdpa", dense_budget_gib=64, **opts)
+
+    flex_out, flex_grads = run(q, k, v, flex_mask, grad)
+    # The reference: SDPA with the dense mask in fp32 on the same bf16 values.
+    ref_out, ref_grads = run(q.float(), k.float(), v.float(), sdpa_mask, grad.float())
+    bf16_out, bf16_grads = run(q, k, v, sdpa_mask, grad)
+
+    assert torch.isfinite(flex_out).all()
+    rows_invalid = ~valid.repeat_interleave(b, dim=1)  # (Bsz, Q)
+    assert float(flex_out.transpose(1, 2)[rows_invalid].abs().max()) == 0.0
+    assert rel(flex_out, ref_out) < 1e-2
+    # flex in bf16 is about as close to the fp32 reference as SDPA in bf16 is.
+    assert rel(flex_out, ref_out) < 3 * rel(bf16_out, ref_out) + 1e-3
+    for got, want, base in zip(flex_grads, ref_grads, bf16_grads, strict=True):
+        assert torch.isfinite(got).all()
+        assert rel(got, want) < 2e-2
+        assert rel(got, want) < 3 * rel(base, want) + 2e-3
+
+
+def test_seed_shape_peak_memory():
+    """32 heads, head dim 128, 2,048 blocks × 16 queries over 49,152 context positions."""
+    bsz, n, b, s, heads, hd = 1, 2048, 16, 49152, 32, 128
+    anchors, valid = layout(2, bsz, n, s, invalid=0.0)
+    q, k, v = inputs(3, bsz, heads, heads, n * b, s + n * b, hd)
+    mask = build_draft_mask(anchors, valid, s, b, backend="flex", num_heads=heads)
+    leaves = [t.requires_grad_(True) for t in (q, k, v)]
+    grad = torch.randn_like(q)
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        draft_attention(*leaves, mask).backward(grad)
+
+    step()  # compile and warm up
+    torch.cuda.synchronize()
+    for t in leaves:
+        t.grad = None
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    draft_attention(*leaves, mask).backward(grad)
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - before) / GIB
+    assert peak <= 2 * RAW_FLEX_PEAK_GIB, f"fwd+bwd peak {peak:.2f} GiB"
+    assert all(torch.isfinite(t.grad).all() for t in leaves)
+
+
+def test_block_mask_is_built_per_batch_not_per_head():
+    anchors, valid = layout(4, 2, 16, 1024)
+    mask = build_draft_mask(anchors, valid, 1024, 16, backend="flex", num_heads=32)
+    assert mask.block_mask is not None
+    assert mask.block_mask.kv_num_blocks.shape[:2] == (2, 1)
+    assert mask.kernels is flex_kernels()
+
+
+def test_new_batch_does_not_recompile():
+    """A new batch (new anchors, same bucketed shapes) reuses the compiled mask builder and kernel."""
+    bsz, n, b, s, heads, hd = 2, 32, 16, 1024, 4, 64
+    q, k, v = inputs(5, bsz, heads, heads, n * b, s + n * b, hd)
+    anchors, valid = layout(6, bsz, n, s)
+    draft_attention(q, k, v, build_draft_mask(anchors, valid, s, b, backend="flex"))  # compiles
+    for seed in (7, 8):
+        anchors, valid = layout(seed, bsz, n, s)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            mask = build_draft_mask(anchors, valid, s, b, backend="flex")
+            out = draft_attention(q, k, v, mask)
+        ref_mask = build_draft_mask(anchors, valid, s, b, backend="sdpa")
+        assert rel(out, draft_attention(q.float(), k.float(), v.float(), ref_mask)) < 1e-2

@@ -1,0 +1,101 @@
+"""The DFlash mask: hand-written cases for dense_mask, and the flex mask_mod against it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_mask
+
+from trainer.masks import batched_dense_mask, dense_mask, draft_mask_mod
+
+
+def rows(*lines: str) -> torch.Tensor:
+    """A mask written as strings of 0/1, one per query row (spaces are ignored)."""
+    return torch.tensor([[c == "1" for c in line.replace(" ", "")] for line in lines])
+
+
+def test_two_blocks_bidirectional():
+    # S = 5, B = 2, anchors 2 and 4: keys are [c0 c1 c2 c3 c4 | b0s0 b0s1 | b1s0 b1s1].
+    want = rows(
+        "11000 11 00",
+        "11000 11 00",
+        "11110 00 11",
+        "11110 00 11",
+    )
+    got = dense_mask(torch.tensor([2, 4]), 5, 2)
+    assert torch.equal(got, want)
+
+
+def test_window_and_causal_in_block():
+    # S = 6, B = 3, anchors 1 and 5, window 2: block 1 sees context 3 and 4 only.
+    want = rows(
+        "100000 100 000",
+        "100000 110 000",
+        "100000 111 000",
+        "000110 000 100",
+        "000110 000 110",
+        "000110 000 111",
+    )
+    got = dense_mask(torch.tensor([1, 5]), 6, 3, window=2, causal_in_block=True)
+    assert torch.equal(got, want)
+
+
+def test_invalid_block_and_anchor_at_zero():
+    # S = 4, B = 2, anchors 0, 3, 3 with the middle block invalid: block 0 sees no context,
+    # block 1 sees nothing at all, block 2 sees context 0..2 and itself.
+    want = rows(
+        "0000 11 00 00",
+        "0000 11 00 00",
+        "0000 00 00 00",
+        "0000 00 00 00",
+        "1110 00 00 11",
+        "1110 00 00 11",
+    )
+    got = dense_mask(torch.tensor([0, 3, 3]), 4, 2, valid=torch.tensor([True, False, True]))
+    assert torch.equal(got, want)
+
+
+def test_batched_rows_equal_the_single_sequence_mask():
+    anchors = torch.tensor([[1, 4, 9], [0, 2, 3]])
+    valid = torch.tensor([[True, True, False], [True, True, True]])
+    batch = batched_dense_mask(anchors, 10, 4, window=3, valid=valid)
+    for i in range(2):
+        assert torch.equal(batch[i], dense_mask(anchors[i], 10, 4, window=3, valid=valid[i]))
+
+
+def random_layout(seed: int, bsz: int, n: int, s: int):
+    g = torch.Generator().manual_seed(seed)
+    anchors = torch.sort(torch.randint(0, s, (bsz, n), generator=g), dim=1).values
+    valid = torch.rand(bsz, n, generator=g) < 0.8
+    return anchors, valid
+
+
+@pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("block_size", [1, 4, 5])
+def test_mask_mod_agrees_with_dense_mask(window, causal, block_size):
+    bsz, n, s = 3, 6, 37
+    anchors, valid = random_layout(block_size, bsz, n, s)
+    mod = draft_mask_mod(anchors, valid, s, block_size, window=window, causal_in_block=causal)
+    q_len, kv_len = n * block_size, s + n * block_size
+    got = create_mask(mod, bsz, None, q_len, kv_len, device="cpu")[:, 0]  # (Bsz, Q, K)
+    for i in range(bsz):
+        want = dense_mask(
+            anchors[i], s, block_size, window=window, causal_in_block=causal, valid=valid[i]
+        )
+        assert torch.equal(got[i], want)
+
+
+def test_mask_mod_is_safe_on_padded_query_rows():
+    # FlexAttention pads queries to its tile size; those rows must index anchors safely.
+    anchors, valid = random_layout(0, 2, 3, 20)
+    mod = draft_mask_mod(anchors, valid, 20, 4)
+    got = create_mask(mod, 2, None, 128, 160, device="cpu")
+    assert got.shape == (2, 1, 128, 160)
+
+
+def test_shapes_are_checked():
+    with pytest.raises(ValueError, match="valid"):
+        dense_mask(torch.tensor([1, 2]), 4, 2, valid=torch.tensor([True]))
+    with pytest.raises(ValueError, match="1-D"):
+        dense_mask(torch.tensor([[1, 2]]), 4, 2)

@@ -1,0 +1,50 @@
+"""The trainer's expected failures, each named for its condition and carrying the next step.
+
+The trainer never imports `dflash_ops`; these mirror its style (a base class with a `hint`).
+Library code raises them; the entry point turns them into a message and an exit code.
+"""
+
+from __future__ import annotations
+
+
+class TrainerError(Exception):
+    """Base of the trainer's expected failures. `hint` says what to do next."""
+
+    hint: str = ""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        if hint is not None:
+            self.hint = hint
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return f"{base} ({self.hint})" if self.hint else base
+
+
+class DenseAttentionTooLarge(TrainerError):
+    """An attention path would materialise a dense mask or score matrix beyond the budget.
+
+    Eager FlexAttention and SDPA with a dense mask both build Q×K-sized tensors; at the drafter's
+    real shapes that is hundreds of GiB (an eager flex_attention call once tried to allocate
+    320 GiB). Refusing up front is cheaper than an out-of-memory error mid-run.
+    """
+
+    hint = (
+        "Use the compiled flex backend on CUDA (backend='flex' or 'auto'), or shrink the batch, "
+        "the context bucket or the number of anchors."
+    )
+
+    def __init__(self, *, path: str, needed_gib: float, budget_gib: float, why: str) -> None:
+        super().__init__(
+            f"{path} would need about {needed_gib:.2f} GiB (budget {budget_gib:.2f} GiB): {why}"
+        )
+        self.path = path
+        self.needed_gib = needed_gib
+        self.budget_gib = budget_gib
+
+
+class AttentionBackendUnavailable(TrainerError):
+    """The requested attention backend cannot run here (e.g. flex without torch.compile)."""
+
+    hint = "Use backend='sdpa' on the CPU, or 'auto' to pick flex on CUDA and SDPA elsewhere."

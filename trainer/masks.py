@@ -1,0 +1,183 @@
+"""The DFlash attention mask: the dense reference and the FlexAttention `mask_mod` factories.
+
+Keys are laid out as `[context 0 … S−1 | block 0 | block 1 | … | block N−1]`, queries as
+`[block 0 | … | block N−1]`, each block B slots long (slot 0 holds the anchor token, the rest
+the mask token). Query `n·B + k` (block n, slot k) sees
+
+- context key `j < S` iff block n is valid, `j < anchors[n]` (strictly before its anchor) and,
+  with a window, `j >= anchors[n] − window`;
+- block key `S + n'·B + k'` iff `n' == n`, block n is valid and (without `causal_in_block`)
+  any slot, or (with it) `k' <= k`.
+
+Blocks never see each other. Rows of an invalid block see nothing; the attention paths return
+zeros for them (see `trainer.attention`) and the loss ignores their labels.
+
+`dense_mask` is the reference for one sequence; `batched_dense_mask` is the same rule
+vectorised over a batch (it feeds SDPA); the `*_mask_mod` factories express it for
+FlexAttention and must agree element for element (the tests check this through `create_mask`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+# FlexAttention's mask_mod signature: (batch, head, q_idx, kv_idx) -> bool, all 0-dim tensors.
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def _check_layout(anchors: Tensor, valid: Tensor, context_len: int, block_size: int) -> None:
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if context_len < 0:
+        raise ValueError(f"context_len must be >= 0, got {context_len}")
+    if anchors.shape != valid.shape:
+        raise ValueError(
+            f"anchors {tuple(anchors.shape)} and valid {tuple(valid.shape)} must have one shape"
+        )
+    if valid.dtype != torch.bool:
+        raise ValueError(f"valid must be a bool tensor, got {valid.dtype}")
+
+
+def batched_dense_mask(
+    anchors: Tensor,
+    context_len: int,
+    block_size: int,
+    *,
+    window: int | None = None,
+    causal_in_block: bool = False,
+    valid: Tensor | None = None,
+) -> Tensor:
+    """The mask for a batch: `anchors`, `valid` (Bsz, N) → bool (Bsz, N·B, S + N·B).
+
+    Built from broadcast comparisons (no loop over sequences or blocks); the memory is the
+    mask itself, Bsz·N·B·(S + N·B) bytes — callers bound it (see `trainer.attention`).
+    """
+    if valid is None:
+        valid = torch.ones_like(anchors, dtype=torch.bool)
+    _check_layout(anchors, valid, context_len, block_size)
+    bsz, n_blocks = anchors.shape
+    device = anchors.device
+    b = block_size
+
+    j = torch.arange(context_len, device=device)  # (S,)
+    start = anchors[..., None]  # (Bsz, N, 1)
+    sees_ctx = j < start  # (Bsz, N, S)
+    if window is not None:
+        sees_ctx &= j >= start - window
+    sees_ctx &= valid[..., None]
+    sees_ctx = sees_ctx[:, :, None, :].expand(bsz, n_blocks, b, context_len)  # (Bsz, N, B, S)
+    sees_ctx = sees_ctx.reshape(bsz, n_blocks * b, context_len)
+
+    slot = torch.arange(b, device=device)
+    own = (
+        slot[None, :] <= slot[:, None]
+        if causal_in_block
+        else torch.ones(b, b, dtype=torch.bool, device=device)
+    )  # (B query slots, B key slots)
+    same = torch.eye(n_blocks, dtype=torch.bool, device=device)  # (N, N')
+    blocks = same[:, None, :, None] & own[None, :, None, :]  # (N, B, N', B')
+    blocks = blocks.reshape(n_blocks * b, n_blocks * b)
+    row_valid = valid.repeat_interleave(b, dim=1)  # (Bsz, N·B)
+    blocks = blocks[None] & row_valid[:, :, None]  # (Bsz, N·B, N·B)
+    return torch.cat([sees_ctx, blocks], dim=-1)
+
+
+def dense_mask(
+    anchors: Tensor,
+    context_len: int,
+    block_size: int,
+    *,
+    window: int | None = None,
+    causal_in_block: bool = False,
+    valid: Tensor | None = None,
+) -> Tensor:
+    """The reference mask for one sequence: `anchors`, `valid` (N,) → bool (N·B, S + N·B).
+
+    True where the query (row) may attend to the key (column); see the module docstring.
+    """
+    if anchors.dim() != 1:
+        raise ValueError(f"anchors must be 1-D (N,) for one sequence, got {tuple(anchors.shape)}")
+    batch_valid = None if valid is None else valid[None]
+    return batched_dense_mask(
+        anchors[None],
+        context_len,
+        block_size,
+        window=window,
+        causal_in_block=causal_in_block,
+        valid=batch_valid,
+    )[0]
+
+
+# --- FlexAttention mask_mods -------------------------------------------------------------------
+# Small factories, each closing over the batch's tensors and returning a mask_mod. The query's
+# block index is clamped to N−1 because FlexAttention may evaluate mask_mod on the padding of
+# the last 128-row tile; those rows are cut off after the kernel and only need a safe index.
+
+
+def _block_of(q_idx: Tensor, block_size: int, n_blocks: int) -> Tensor:
+    return torch.clamp(q_idx // block_size, max=n_blocks - 1)
+
+
+def valid_block_mask_mod(valid: Tensor, block_size: int) -> MaskMod:
+    """Rows of an invalid block (valid[b, n] False) see nothing. `valid`: (Bsz, N) bool."""
+    n_blocks = valid.shape[1]
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return valid[b, _block_of(q_idx, block_size, n_blocks)]
+
+    return mask_mod
+
+
+def context_mask_mod(
+    anchors: Tensor, context_len: int, block_size: int, *, window: int | None = None
+) -> MaskMod:
+    """Context keys strictly before the block's anchor (and within `window` of it)."""
+    n_blocks = anchors.shape[1]
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        start = anchors[b, _block_of(q_idx, block_size, n_blocks)]
+        seen = (kv_idx < context_len) & (kv_idx < start)
+        if window is not None:
+            seen = seen & (kv_idx >= start - window)
+        return seen
+
+    return mask_mod
+
+
+def own_block_mask_mod(
+    context_len: int, block_size: int, *, causal_in_block: bool = False
+) -> MaskMod:
+    """Block keys of the query's own block (all slots, or slots `<= k` when causal)."""
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        key = kv_idx - context_len  # negative for context keys
+        same = (key >= 0) & (key // block_size == q_idx // block_size)
+        if causal_in_block:
+            same = same & (key % block_size <= q_idx % block_size)
+        return same
+
+    return mask_mod
+
+
+def draft_mask_mod(
+    anchors: Tensor,
+    valid: Tensor,
+    context_len: int,
+    block_size: int,
+    *,
+    window: int | None = None,
+    causal_in_block: bool = False,
+) -> MaskMod:
+    """The whole DFlash mask for a batch: valid ∧ (context ∨ own block). `anchors`, `valid`: (Bsz, N)."""
+    _check_layout(anchors, valid, context_len, block_size)
+    is_valid = valid_block_mask_mod(valid, block_size)
+    ctx = context_mask_mod(anchors, context_len, block_size, window=window)
+    own = own_block_mask_mod(context_len, block_size, causal_in_block=causal_in_block)
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return is_valid(b, h, q_idx, kv_idx) & (ctx(b, h, q_idx, kv_idx) | own(b, h, q_idx, kv_idx))
+
+    return mask_mod
