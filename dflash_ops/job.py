@@ -14,10 +14,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
 from dflash_ops import shell
 from dflash_ops.errors import ConnectionFailed, DflashError, JobRunning
+
+if TYPE_CHECKING:
+    from dflash_ops.place import Place
 
 log = logging.getLogger(__name__)
 
@@ -70,23 +73,6 @@ _FORMAT = (
     "#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_pid}|#{session_created}|#{pid}"
 )
 _MISSING = ("can't find session", "no server running", "error connecting", "can't find window")
-
-
-class Place(Protocol):
-    """What the job needs from a place (see docs/architecture.md)."""
-
-    description: str
-
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: Any = None,
-        timeout: float | None = None,
-        check: bool = True,
-    ) -> Any: ...
-
-    def stream(self, argv: Sequence[str]) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -143,6 +129,9 @@ class Job:
     def tmux(self, *args: str) -> TmuxResult:
         """`tmux -L <socket> ARGS…`, locally through libtmux, elsewhere through the place."""
         args = tuple(a if a == ";" else tmux_arg(a) for a in args)
+        # Only the subcommands: arguments may hold env values, which may be secrets.
+        commands = [args[0], *(args[i + 1] for i, a in enumerate(args[:-1]) if a == ";")]
+        log.debug("tmux -L %s %s on %s", self.socket, " ; ".join(commands), self.place.description)
         if self.local:
             import libtmux
             from libtmux import exc as libtmux_exc
@@ -179,7 +168,8 @@ class Job:
             # The pane's terminal is closed but no exit status yet. tmux 3.3 sometimes misses
             # the SIGCHLD of a pane process (seen on 3.3a: the process stays a zombie until the
             # next one); another SIGCHLD makes it reap and record the status.
-            self.place.run(["kill", "-s", "CHLD", str(server_pid)], check=False)
+            nudge = ["bash", "-c", 'kill -s CHLD "$1"', "dflash-nudge", str(server_pid)]
+            self.place.run(nudge, check=False)
             for _ in range(10):
                 current, _, _ = self._read_state()
                 if not current.running:
@@ -249,6 +239,15 @@ class Job:
             ";", "respawn-pane", "-k", "-t", target, *env_args,
             "--", "bash", "-c", WRAPPER, "dflash-job", *argv,
         )  # fmt: skip
+        if result.exit_code != 0 and _server_went_away(result) and not self.state().exists:
+            # The server of a session just killed was still exiting and took the new one with it.
+            time.sleep(0.3)
+            result = self.tmux(
+                "new-session", "-d", "-s", self.session, "-x", "200", "-y", "50", *_PLACEHOLDER,
+                ";", "set-option", "-w", "-t", target, "remain-on-exit", "on",
+                ";", "respawn-pane", "-k", "-t", target, *env_args,
+                "--", "bash", "-c", WRAPPER, "dflash-job", *argv,
+            )  # fmt: skip
         self._check(result, "start the job")
         log.info("started job", extra={"session": self.session, "place": self.place.description})
         return self.state()
@@ -365,6 +364,11 @@ class Job:
                     self.place = reconnect()
                 except ConnectionFailed as again:
                     log.warning("reconnect failed: %s", again)
+
+
+def _server_went_away(result: TmuxResult) -> bool:
+    text = result.stderr.lower()
+    return any(m in text for m in ("no current target", "server exited", "lost server"))
 
 
 def _parent(path: str) -> str:

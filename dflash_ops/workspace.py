@@ -7,14 +7,20 @@ releases and the checkpoints of the target from it. The place is opened on first
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dflash_ops import state
 from dflash_ops.checkpoints import Checkpoints
 from dflash_ops.config import Config, Target, TargetFlags, find_config, load_config, resolve_target
-from dflash_ops.job import Job, Place
+from dflash_ops.job import Job
+from dflash_ops.lock import DeployLock
 from dflash_ops.release import Releases
+
+if TYPE_CHECKING:
+    from dflash_ops.place import Place
 
 
 def open_place(target: Target, *, accept_new_host_key: bool = False) -> Place:
@@ -70,9 +76,9 @@ class Workspace:
         if self._place is None:
             place = open_place(self.target, accept_new_host_key=self.accept_new_host_key)
             try:
-                place.ensure_ready()  # type: ignore[attr-defined]
+                place.ensure_ready()
             except BaseException:
-                place.close()  # type: ignore[attr-defined]
+                place.close()
                 raise
             self._place = place
         return self._place
@@ -84,7 +90,7 @@ class Workspace:
 
     def close(self) -> None:
         if self._place is not None:
-            self._place.close()  # type: ignore[attr-defined]
+            self._place.close()
             self._place = None
 
     @property
@@ -109,6 +115,12 @@ class Workspace:
 
     def releases(self) -> Releases:
         return Releases(self.place, self.target.root)
+
+    def lock(self, *, warn: Callable[[str], None] | None = None) -> DeployLock:
+        job = self.config.job
+        return DeployLock(
+            self.place, self.target.root, wait=job.lock_wait, max_age=job.lock_max_age, warn=warn
+        )
 
     def checkpoints(self) -> Checkpoints:
         return Checkpoints(self.place, self.target.checkpoints)

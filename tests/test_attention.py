@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from trainer.attention import FlexKernels, build_draft_mask, draft_attention, flex_kernels
+from trainer.attention import (
+    FlexKernels,
+    bucket_length,
+    build_draft_mask,
+    draft_attention,
+    flex_kernels,
+)
 from trainer.errors import AttentionBackendUnavailable, DenseAttentionTooLarge
 from trainer.masks import dense_mask
 
@@ -138,3 +144,8 @@ def test_compiled_flex_forward_matches_sdpa_on_cpu():
     assert float((flex - sdpa).norm() / sdpa.norm()) < 1e-5
     with pytest.raises(AttentionBackendUnavailable):
         draft_attention(q.requires_grad_(True), k, v, mask)
+
+
+def test_bucket_length_rounds_up_to_the_tile():
+    assert [bucket_length(x) for x in (0, 1, 128, 129, 300)] == [0, 128, 128, 256, 384]
+    assert bucket_length(10, multiple=16) == 16

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from dflash_ops.cli import app
 from tests.cli_helpers import dflash
 
-COMMANDS = ["deploy", "logs", "status", "restart", "stop"]
+COMMANDS = ["deploy", "logs", "status", "restart", "stop", "checkpoints"]
 
 
 def check_failure(result, *words: str) -> None:  # type: ignore[no-untyped-def]

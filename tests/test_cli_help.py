@@ -13,7 +13,18 @@ import typer
 from dflash_ops.cli import app
 
 REPO = Path(__file__).resolve().parent.parent
-COMMANDS = sorted(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+
+
+def _commands(group: object, prefix: tuple[str, ...] = ()) -> list[str]:
+    """Every command path, subcommands of groups included ("checkpoints prune")."""
+    names = []
+    for name, command in sorted(getattr(group, "commands", {}).items()):
+        names.append(" ".join((*prefix, name)))
+        names += _commands(command, (*prefix, name))
+    return names
+
+
+COMMANDS = _commands(typer.main.get_command(app))
 
 
 def dflash(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -33,7 +44,7 @@ def test_every_command_is_listed():
 
 @pytest.mark.parametrize("command", [None, *COMMANDS])
 def test_help_shows_an_example(command):
-    args = ["--help"] if command is None else [command, "--help"]
+    args = ["--help"] if command is None else [*command.split(), "--help"]
     result = dflash(*args)
     assert result.returncode == 0, result.stderr
     text = result.stdout

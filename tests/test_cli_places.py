@@ -67,7 +67,9 @@ def wait_for_log(where: Where, text: str, count: int = 1, timeout: float = 30) -
 def test_deploy_logs_status(where: Where) -> None:
     where.config(
         'echo "alloc=$PYTORCH_CUDA_ALLOC_CONF greet=$GREETING"; echo "cwd=$PWD"; '
-        "for i in 1 2 3; do echo line $i; sleep 0.2; done; exit 3",
+        "for i in 1 2 3; do echo line $i; "
+        'echo "{\\"step\\": $i, \\"loss\\": 0.5, \\"tokens_per_s\\": 10, \\"time\\": $i}" '
+        '>> "$DFLASH_CHECKPOINTS/metrics.jsonl"; sleep 0.2; done; exit 3',
         env={"GREETING": "hi there"},
     )
     deployed = where.run("deploy", *where.flags)
@@ -82,12 +84,18 @@ def test_deploy_logs_status(where: Where) -> None:
     assert report["session"] == "dflash" and report["release"] == release
     assert (report["exists"], report["running"], report["exit_code"]) == (True, False, 3)
     assert report["last_lines"][-1] == "line 3"
+    assert report["metrics"] == {"step": 3, "loss": 0.5, "tokens_per_s": 10, "time": 3}
     assert (where.root / "current").resolve() == (where.root / "releases" / release).resolve()
     folder = where.root / "releases" / release
     assert {p.name for p in folder.iterdir()} >= {"launch.sh", "train.toml", "RELEASE.json"}
     assert (folder / "train.toml").read_text() == "demo = true\n"
     assert json.loads((folder / "RELEASE.json").read_text())["id"] == release
     assert f"/releases/{release}\n" in followed.stdout  # the job ran inside its release
+
+    human = where.run("status")  # piped: plain text, no colour codes
+    assert human.returncode == 0 and "\x1b[" not in human.stdout
+    assert "exited with code 3" in human.stdout and "loss 0.5000" in human.stdout
+    assert f"release  {release}" in human.stdout
 
     tail = where.run("logs", "--tail", "1")
     assert tail.returncode == 0 and tail.stdout == "line 3\n"
@@ -115,6 +123,15 @@ def test_redeploy_archives_resume_keeps_and_five_releases_stay(where: Where) -> 
     assert log == f"run of {second}\nrun of {third}\n"  # appended
     assert (where.checkpoints / "step-200.pt").exists()
     assert len(list((where.checkpoints / "archive").iterdir())) == 1
+
+    listed = where.run("checkpoints", "--json")
+    assert listed.returncode == 0, listed.stderr
+    listing = json.loads(listed.stdout)
+    assert {e["name"] for e in listing["live"]} == {"step-200.pt", "train_stdout.log"}
+    assert [e["name"] for e in listing["archived"][stamp.name]] == [
+        "step-100.pt",
+        "train_stdout.log",
+    ]
 
     for _ in range(3):
         assert where.run("deploy", "--resume").returncode == 0
@@ -150,15 +167,22 @@ def test_stop_restart_and_clean(where: Where) -> None:
     assert where.run("stop").returncode == 0
 
 
-@pytest.mark.parametrize(
-    "value",
-    ["$(touch CANARY)", "`touch CANARY`", "a; touch CANARY", "x;", "'\"; touch CANARY #", "l1\nl2"],
-)
-def test_hostile_env_values_pass_literally(where: Where, value: str) -> None:
-    value = value.replace("CANARY", where.canary_at)
-    where.config('printf "[%s]\\n" "$V"', env={"V": value})
+HOSTILE = [
+    "$(touch CANARY)",
+    "`touch CANARY`",
+    "a; touch CANARY",
+    "x;",
+    "'\"; touch CANARY #",
+    "l1\nl2",
+]
+
+
+def test_hostile_env_values_pass_literally(where: Where) -> None:
+    values = {f"V{i}": v.replace("CANARY", where.canary_at) for i, v in enumerate(HOSTILE)}
+    printer = "; ".join(f'printf "[%s]\\n" "${key}"' for key in values)
+    where.config(printer, env=values)
     assert where.run("deploy", *where.flags).returncode == 0
     followed = where.run("logs", "--follow")
     assert followed.returncode == 0, followed.stderr
-    assert f"[{value}]\n" in followed.stdout
+    assert followed.stdout == "".join(f"[{v}]\n" for v in values.values())
     assert not where.canary_host.exists()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops.errors import ReleaseError, RemoteCommandFailed
+from dflash_ops.errors import ReleaseError
 from dflash_ops.launch import LaunchPlan, render
 from dflash_ops.place import HostPlace
 from dflash_ops.release import RELEASE_ID, Releases, build_bundle, new_release_id
@@ -169,7 +169,7 @@ def test_interrupted_push_keeps_current_and_is_cleaned(
     good = push(releases, project)
     broken = build_bundle(project, plan=plan(), train=TRAIN, target="local")
     truncated = type(broken)(release_id=broken.release_id, data=broken.data[:700], meta={})
-    with pytest.raises(RemoteCommandFailed):
+    with pytest.raises(ReleaseError, match="Could not unpack"):
         releases.push(truncated)  # the stream ended early: tar fails
     assert releases.current() == good
     assert (tmp_path / "root" / "releases" / f"{broken.release_id}.tmp").exists()

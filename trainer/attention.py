@@ -92,6 +92,16 @@ class DraftMask:
     row_seen: Tensor | None = None
 
 
+def bucket_length(length: int, *, multiple: int = 128) -> int:
+    """The context length to pad to: the next multiple of `multiple` (FlexAttention's tile).
+
+    Padding S to a few buckets keeps compiled kernels from recompiling for every batch.
+    """
+    if length < 0 or multiple < 1:
+        raise ValueError(f"need length >= 0 and multiple >= 1, got {length}, {multiple}")
+    return -(-length // multiple) * multiple
+
+
 def dense_bytes(*, backend: str, batch: int, heads: int, q_len: int, kv_len: int) -> int:
     """Bytes a dense attention path would materialise at this shape (an upper estimate).
 

@@ -24,13 +24,14 @@ How it runs (one `torch.autograd.Function`):
    with α = kl_weight and s = cap_weight·S_k/(C·(B−1)), S_k = Σ_{m≥k} Π_{i≤m} π_i (the
    derivative of the chain products through log π_k). Then grad_hidden = G @ W (the second
    GEMM) is stored for those rows. With a target, one more GEMM gives its logits.
-   The two passes are `torch.compile`d on CUDA (`chunk_kernels`): a few fused kernels that
-   read the bf16 logits instead of a dozen eager passes over fp32 copies.
+   On CUDA the two passes are Triton kernels (`trainer.loss_kernels`) that read the bf16
+   logits twice and write G over them in place, instead of a dozen eager passes over fp32
+   copies (`chunk_kernels` also offers the torch.compile'd eager functions).
 3. Backward only scales the stored gradient by grad_output: no recomputation and no
    activation checkpointing, so it sits next to compiled attention without any interaction.
 
 Memory: the stored gradient (N·B·D in hidden's dtype) plus the chunk's logits (and target
-logits) and G, [chunk, V] each in the weight's dtype; the default chunk keeps those near
+logits), [chunk, V] each in the weight's dtype (G overwrites the logits with Triton); the default chunk keeps those near
 `CHUNK_BUDGET_BYTES`. The weight's gradient is computed only when `weight.requires_grad` (then
 into a (V, D) fp32 accumulator, including the KL term's path through p_target, the exact
 gradient of the loss as defined); `target_hidden` is a constant. `kl` is computed whenever
@@ -135,38 +136,68 @@ def _target_grad(
     return c[:, None] * torch.exp(logp) * (logp - logq - kl[:, None])
 
 
+KERNELS = ("eager", "compiled", "triton")
+
+
 @dataclass(frozen=True)
 class ChunkKernels:
-    """The per-chunk functions, eager or compiled; made once per process by `chunk_kernels`."""
+    """The per-chunk functions of one kind; made once per process by `chunk_kernels`.
 
+    `in_place` says that `logit_grad` writes G over the logits (no extra [chunk, V] buffer).
+    """
+
+    kind: str
     row_stats: Any
     logit_grad: Any
     target_grad: Any
-    fused: bool
+    in_place: bool
 
 
 @functools.cache
-def chunk_kernels(*, fused: bool) -> ChunkKernels:
-    """Compiled (`fused=True`, dynamic in the chunk's row count) or eager chunk functions.
+def chunk_kernels(kind: str) -> ChunkKernels:
+    """The chunk functions: "eager" (the definition; CPU, float64), "compiled" (the same
+    functions through torch.compile, dynamic in the row count) or "triton" (hand-written CUDA
+    kernels, `trainer.loss_kernels`; the weight's gradient still goes through "compiled").
 
     `functools.cache` keeps one compiled object per process, so its compile cache is reused by
     every call instead of living in module globals.
     """
-    if not fused:
-        return ChunkKernels(_row_stats, _logit_grad, _target_grad, fused=False)
-    return ChunkKernels(
-        torch.compile(_row_stats, dynamic=True),
-        torch.compile(_logit_grad, dynamic=True),
-        torch.compile(_target_grad, dynamic=True),
-        fused=True,
-    )
+    if kind == "eager":
+        return ChunkKernels(kind, _row_stats, _logit_grad, _target_grad, in_place=False)
+    target_grad = torch.compile(_target_grad, dynamic=True)
+    if kind == "compiled":
+        return ChunkKernels(
+            kind,
+            torch.compile(_row_stats, dynamic=True),
+            torch.compile(_logit_grad, dynamic=True),
+            target_grad,
+            in_place=False,
+        )
+    if kind == "triton":
+        from trainer import loss_kernels
+
+        return ChunkKernels(
+            kind, loss_kernels.row_stats, loss_kernels.logit_grad, target_grad, in_place=True
+        )
+    raise ValueError(f"kernels must be one of {KERNELS}, got {kind!r}")
 
 
-def _bytes_per_logit(itemsize: int, *, fused: bool, kl: bool) -> int:
-    """Peak bytes per [chunk, V] entry: logits (and target logits) and G in the weight's dtype;
-    eager adds fp32 temporaries."""
-    per = itemsize * (3 if kl else 2)
-    return per if fused else per + 16
+def default_kernels(hidden: Tensor) -> str:
+    """triton on CUDA when it imports, else compiled on CUDA; eager on the CPU and for float64."""
+    if not hidden.is_cuda or hidden.dtype == torch.float64:
+        return "eager"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "compiled"
+    return "triton"
+
+
+def _bytes_per_logit(itemsize: int, *, kernels: ChunkKernels, kl: bool) -> int:
+    """Peak bytes per [chunk, V] entry: logits (and target logits), G unless written in place,
+    and the eager functions' fp32 temporaries."""
+    per = itemsize * (2 if kl else 1) + (0 if kernels.in_place else itemsize)
+    return per + (16 if kernels.kind == "eager" else 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,6 +235,24 @@ def _plan(labels: Tensor, gamma: float, chunk_rows: int, compute: torch.dtype) -
         bounds=[0, *per_chunk.tolist()],
         chunk_blocks=chunk_blocks,
     )
+
+
+def _cap_chains(logq_y: Tensor, local: Tensor, blocks: int, b: int) -> tuple[Tensor, Tensor]:
+    """cap's chains inside one chunk of whole blocks.
+
+    `logq_y` (r,): log p_drafter(label) of the chunk's supervised rows at positions `local`
+    (row index inside the chunk). Unsupervised slots get π = 0, so a chain stops there.
+    Returns Σ over blocks and m of Π_{k=1}^{m} π_k, and per supervised row the suffix sum
+    S_k = Σ_{m≥k} Π_{i≤m} π_i: the derivative of that sum wrt log π_k.
+    """
+    pi = torch.zeros(blocks * b, dtype=logq_y.dtype, device=logq_y.device)
+    pi[local] = logq_y.exp()
+    pi = pi.view(blocks, b)
+    pi[:, 0] = 1.0  # slot 0 is not part of any chain
+    chain = torch.cumprod(pi, dim=1)[:, 1:]  # (blocks, B−1)
+    suffix = chain.flip(1).cumsum(1).flip(1)  # (blocks, B−1)
+    suffix = torch.nn.functional.pad(suffix, (1, 0)).reshape(-1)[local]  # (r,)
+    return chain.sum(), suffix
 
 
 class _DFlashLoss(torch.autograd.Function):
@@ -257,17 +306,9 @@ class _DFlashLoss(torch.autograd.Function):
             correct.index_add_(0, slot, hit.to(compute))
             counted.index_add_(0, slot, torch.ones_like(wn))
 
-            # cap: chain products over the chunk's whole blocks, and their suffix sums
-            # S_k = Σ_{m≥k} Π_{i≤m} π_i, the derivative of Σ_m Π π wrt log π_k.
             local = rows - chunk * plan.chunk_blocks * b  # (r,) position inside the chunk
-            pi = torch.zeros(plan.chunk_blocks * b, dtype=compute, device=device)
-            pi[local] = logq_y.exp()
-            pi = pi.view(plan.chunk_blocks, b)
-            pi[:, 0] = 1.0
-            chain = torch.cumprod(pi, dim=1)[:, 1:]  # (blocks, B−1)
-            sums[2] += chain.sum()
-            suffix = chain.flip(1).cumsum(1).flip(1)  # (blocks, B−1)
-            suffix = torch.nn.functional.pad(suffix, (1, 0)).reshape(-1)[local]  # (r,)
+            chain_sum, suffix = _cap_chains(logq_y.to(compute), local, plan.chunk_blocks, b)
+            sums[2] += chain_sum
 
             if not (need_h or need_w):
                 continue
@@ -329,14 +370,14 @@ def dflash_loss(
     kl_weight: float = 0.0,
     cap_weight: float = 0.0,
     chunk_rows: int | None = None,
-    fused: bool | None = None,
+    kernels: str | None = None,
 ) -> LossOutput:
     """The DFlash loss (see the module docstring for the definition and how it is computed).
 
     hidden (N, B, D), weight (V, D), labels (N, B) long, target_hidden (N, B, D) or None.
     `chunk_rows` is rounded down to whole blocks (at least one); None picks it from the
-    vocabulary size (`default_chunk_rows`). `fused` runs the per-chunk math through
-    torch.compile (default: on CUDA); eager otherwise.
+    vocabulary size (`default_chunk_rows`). `kernels` picks the per-chunk functions
+    ("eager", "compiled", "triton"; default `default_kernels`).
     """
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be (N, B, D), got {tuple(hidden.shape)}")
@@ -360,9 +401,9 @@ def dflash_loss(
 
     compute = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     use_kl = target_hidden is not None
-    fused = hidden.is_cuda if fused is None else fused
+    chunk = chunk_kernels(default_kernels(hidden) if kernels is None else kernels)
     if chunk_rows is None:
-        per = _bytes_per_logit(weight.element_size(), fused=fused, kl=use_kl)
+        per = _bytes_per_logit(weight.element_size(), kernels=chunk, kl=use_kl)
         chunk_rows = default_chunk_rows(weight.shape[0], b, bytes_per_logit=per)
     plan = _plan(labels, gamma, chunk_rows, compute)
     grad_on = torch.is_grad_enabled()
@@ -370,6 +411,6 @@ def dflash_loss(
     target = None if target_hidden is None else target_hidden.detach()
     with torch.autocast(hidden.device.type, enabled=False):
         loss, ce, kl, cap, accuracy = _DFlashLoss.apply(
-            hidden, weight, target, plan, (kl_weight, cap_weight), need, chunk_kernels(fused=fused)
+            hidden, weight, target, plan, (kl_weight, cap_weight), need, chunk
         )
     return LossOutput(loss=loss, ce=ce, kl=kl, cap=cap, slot_accuracy=accuracy)

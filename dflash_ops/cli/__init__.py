@@ -7,6 +7,9 @@
     dflash status [--json]
     dflash restart [--clean]
     dflash stop
+    dflash releases
+    dflash rollback [--to ID]
+    dflash checkpoints [prune --keep N]
 
 Every failure is one message, a hint and a non-zero exit (`main` catches `DflashError`).
 """
@@ -18,7 +21,17 @@ from collections.abc import Sequence
 
 import typer
 
-from dflash_ops.cli import control, deploy, doctor, init, logs, output, status
+from dflash_ops.cli import (
+    checkpoints,
+    control,
+    deploy,
+    doctor,
+    init,
+    logs,
+    output,
+    releases,
+    status,
+)
 from dflash_ops.cli.context import Globals
 from dflash_ops.cli.options import ConfigOption, VerboseOption
 from dflash_ops.errors import DflashError
@@ -31,7 +44,7 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-for group in (init, doctor, deploy, logs, status, control):
+for group in (init, doctor, deploy, logs, status, control, releases, checkpoints):
     app.add_typer(group.app)
 
 

@@ -62,11 +62,10 @@ def logs(
             if size < 0:
                 output.info(f"No log yet at {ws.log_path} on {ws.target.describe()}.")
             return
-        try:
-            final = job.follow(output.write_bytes, offset=max(size, 0), reconnect=ws.reopen)
-        except KeyboardInterrupt:
-            output.info("Detached from the log; the job keeps running.")
-            raise typer.Exit(130) from None
+        final = job.follow(output.write_bytes, offset=max(size, 0), reconnect=ws.reopen)
+    except KeyboardInterrupt:
+        output.info("Detached from the log; the job keeps running.")
+        raise typer.Exit(130) from None
     finally:
         ws.close()
     if not final.exists:

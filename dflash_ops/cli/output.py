@@ -66,3 +66,5 @@ def setup_logging(verbose: bool) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.DEBUG, handlers=[handler], force=True)
     logging.getLogger("paramiko").setLevel(logging.INFO)
+    # libtmux logs whole tmux command lines, which carry the job's env values (tokens, maybe).
+    logging.getLogger("libtmux").setLevel(logging.INFO)

@@ -114,3 +114,18 @@ def test_block_mask_is_built_per_batch_not_per_head():
     assert mask.block_mask is not None
     assert mask.block_mask.kv_num_blocks.shape[:2] == (2, 1)
     assert mask.kernels is flex_kernels()
+
+
+def test_new_batch_does_not_recompile():
+    """A new batch (new anchors, same bucketed shapes) reuses the compiled mask builder and kernel."""
+    bsz, n, b, s, heads, hd = 2, 32, 16, 1024, 4, 64
+    q, k, v = inputs(5, bsz, heads, heads, n * b, s + n * b, hd)
+    anchors, valid = layout(6, bsz, n, s)
+    draft_attention(q, k, v, build_draft_mask(anchors, valid, s, b, backend="flex"))  # compiles
+    for seed in (7, 8):
+        anchors, valid = layout(seed, bsz, n, s)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            mask = build_draft_mask(anchors, valid, s, b, backend="flex")
+            out = draft_attention(q, k, v, mask)
+        ref_mask = build_draft_mask(anchors, valid, s, b, backend="sdpa")
+        assert rel(out, draft_attention(q.float(), k.float(), v.float(), ref_mask)) < 1e-2

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs the GPU tests and the GPU benchmarks in one go, on a machine with CUDA and PyTorch.
+#   scripts/gpu-suite.sh [tests|bench|all]     (default: all)
+# Results go to $OUT (or ./gpu-results): pytest log, one JSON per benchmark.
+# Wheels in .whl/ (peers for the benchmarks, or packages the machine lacks) are installed into a
+# private folder first, so a machine without network can run it.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}
+out=${OUT:-gpu-results}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PY=${PYTHON:-python3}
+if compgen -G ".whl/*.whl" >/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/dflash-site .whl/*.whl \
+    && export PYTHONPATH=/tmp/dflash-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+$PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0), "x", torch.cuda.device_count())'
+status=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  $PY -m pytest -q -m "gpu or gpu2" tests/gpu 2>&1 | tee "$out/gpu-tests.log"
+  status=${PIPESTATUS[0]}
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  for b in bench/bench_*.py; do
+    name=$(basename "$b" .py)
+    $PY "$b" --out "$out/$name.json" 2>&1 | tee "$out/$name.log" || status=1
+  done
+fi
+exit $status

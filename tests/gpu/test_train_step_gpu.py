@@ -1,0 +1,108 @@
+"""One full drafter training step on CUDA: compiled FlexAttention (BlockMask built once per
+batch) and the chunked lm_head loss together, forward and backward, against a small
+Qwen3-shaped random target loaded through `save_pretrained`/`from_pretrained` in bf16. Then
+steps at other sequence buckets, and again at buckets already seen: those must not compile
+anything new, and dynamo must never hit its recompile limit (it would fall back to eager
+FlexAttention, which materialises dense scores)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+
+def _target(folder):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(
+        vocab_size=8192,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(cfg).save_pretrained(str(folder))
+
+
+def _batch(length: int, seed: int, *, num_anchors: int = 64, block_size: int = 16):
+    from trainer.data import Sample, collate
+
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for n in (length, length - 37):
+        ids = torch.randint(1, 8192, (n,), generator=gen).tolist()
+        samples.append(Sample(ids, [False] * 20 + [True] * (n - 20)))
+    gens = [torch.Generator().manual_seed(seed + i) for i in range(2)]
+    return collate(
+        samples,
+        block_size=block_size,
+        num_anchors=num_anchors,
+        bucket=128,
+        pad_token_id=0,
+        generators=gens,
+    )
+
+
+def test_full_training_step_compiled_flex_and_chunked_loss(tmp_path) -> None:
+    from torch._dynamo.utils import counters
+
+    from trainer.attention import flex_kernels
+    from trainer.config import LossConfig, ModelConfig, OptimConfig
+    from trainer.model import Drafter, shape_from_target
+    from trainer.pipeline import DrafterWorker, TargetWorker
+    from trainer.target import load_target
+
+    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):  # eager fallback = failure
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
+    _target(tmp_path / "t")
+    device = torch.device("cuda")
+    target = load_target(tmp_path / "t", device=device, num_layers=3)
+    assert target.model.dtype == torch.bfloat16 and target.layers == [1, 3, 5]
+    model_cfg = ModelConfig(
+        target="t", num_layers=2, block_size=16, sliding_window=64, sliding_layers=[1]
+    )
+    shape = shape_from_target(target.config, model_cfg, num_features=3)
+    drafter = Drafter(shape, attention_backend="auto").to(device)
+    worker = DrafterWorker(
+        drafter,
+        embed_weight=target.embed_weight,
+        lm_head_weight=target.lm_head_weight,
+        optim=OptimConfig(lr=1e-3, warmup_steps=0),
+        loss=LossConfig(kl_weight=0.15, cap_weight=0.1),
+        total_steps=100,
+        noise=0.05,
+        loss_chunk_rows=128,  # several loss chunks per step
+    )
+    producer = TargetWorker(target)
+    assert flex_kernels().compiled
+
+    before = {n: p.detach().clone() for n, p in drafter.named_parameters()}
+    features = producer.produce(_batch(500, 1))  # bucket 512
+    assert features.hidden.shape == (2, 512, 3 * 512) and features.hidden.dtype == torch.bfloat16
+    mask = drafter.build_masks(features.anchors, features.valid, 512)
+    assert all(m.backend == "flex" for m in mask.values())
+    result = worker.train_step(features, 0)
+    assert math.isfinite(result.loss) and math.isfinite(result.grad_norm) and result.grad_norm > 0
+    assert result.kl > 0 and result.cap < 0
+    for name, p in drafter.named_parameters():  # every parameter got a gradient and moved
+        assert torch.isfinite(p).all(), name
+        assert not torch.equal(p.detach(), before[name]), f"{name} did not change"
+
+    for step, length in enumerate((700, 300, 900), start=1):  # buckets 768, 384, 1024
+        r = worker.train_step(producer.produce(_batch(length, step)), step)
+        assert math.isfinite(r.loss)
+    graphs = counters["stats"]["unique_graphs"]
+    for step, length in enumerate((500, 700, 300, 900, 450), start=4):  # seen buckets only
+        r = worker.train_step(producer.produce(_batch(length, step)), step)
+        assert math.isfinite(r.loss)
+    assert counters["stats"]["unique_graphs"] == graphs, "a seen bucket compiled again"
+    torch.cuda.synchronize()

@@ -1,0 +1,97 @@
+"""Checkpoints: atomic layout, torn temp folders ignored, checksum mismatch skipped with its
+reason, other model/data settings refused naming the keys, keep-last pruning."""
+
+from __future__ import annotations
+
+import json
+import resource
+import signal
+
+import pytest
+import torch
+
+from trainer import checkpoint as ckpt
+from trainer.config import config_from_dict, with_overrides
+
+CFG = config_from_dict({"model": {"target": "/m/t"}, "data": {"path": "/d/x.jsonl"}})
+
+
+def state(step: int) -> dict:
+    return {"step": step, "w": torch.full((3,), float(step))}
+
+
+def test_save_find_load_and_prune(tmp_path) -> None:
+    for step in (10, 20, 30, 40):
+        ckpt.save_checkpoint(tmp_path, step, state(step), CFG, keep_last=2)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [30, 40]
+    found = ckpt.find_resumable(tmp_path)
+    assert found.path == tmp_path / "step-00000040" and found.skipped == []
+    manifest = found.manifest
+    assert manifest.step == 40 and manifest.config_hash == CFG.model_data_hash()
+    assert manifest.code_version and len(manifest.sha256) == 64
+    assert torch.equal(ckpt.load_state(found.path)["w"], torch.full((3,), 40.0))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+
+
+def test_torn_temp_dir_is_ignored(tmp_path) -> None:
+    ckpt.save_checkpoint(tmp_path, 5, state(5), CFG, keep_last=3)
+    torn = tmp_path / ".tmp-step-00000010-999"
+    torn.mkdir()
+    (torn / "state.pt").write_bytes(b"half a file")
+    found = ckpt.find_resumable(tmp_path)
+    assert found.path == tmp_path / "step-00000005" and found.skipped == []
+    assert ckpt.remove_stale_temps(tmp_path) == [torn] and not torn.exists()
+    assert ckpt.find_resumable(tmp_path).path == tmp_path / "step-00000005"
+
+
+def test_corrupt_and_incomplete_are_skipped_with_reason(tmp_path) -> None:
+    for step in (1, 2, 3):
+        ckpt.save_checkpoint(tmp_path, step, state(step), CFG, keep_last=5)
+    with open(tmp_path / "step-00000003" / "state.pt", "r+b") as fh:
+        fh.seek(-2, 2)
+        fh.write(b"\x00\x01")
+    (tmp_path / "step-00000002" / "manifest.json").unlink()
+    found = ckpt.find_resumable(tmp_path)
+    assert found.path == tmp_path / "step-00000001"
+    reasons = {p.name: why for p, why in found.skipped}
+    assert "checksum mismatch" in reasons["step-00000003"]
+    assert reasons["step-00000002"] == "no manifest"
+    bad = tmp_path / "step-00000001" / "manifest.json"
+    bad.write_text("{not json")
+    assert (
+        "unreadable manifest"
+        in dict((p.name, w) for p, w in ckpt.find_resumable(tmp_path).skipped)["step-00000001"]
+    )
+
+
+def test_other_settings_refused_naming_keys(tmp_path) -> None:
+    ckpt.save_checkpoint(tmp_path, 7, state(7), CFG, keep_last=2)
+    found = ckpt.find_resumable(tmp_path)
+    assert ckpt.check_compatible(found, with_overrides(CFG, optim={"lr": 1.0})) == []
+    other = with_overrides(CFG, model={"block_size": 8}, data={"num_anchors": 3})
+    with pytest.raises(ckpt.CheckpointMismatch) as err:
+        ckpt.check_compatible(found, other)
+    assert err.value.keys == ["data.num_anchors", "model.block_size"]
+    assert "model.block_size" in str(err.value) and "--force-resume" in str(err.value)
+    assert ckpt.check_compatible(found, other, force=True) == [
+        "data.num_anchors",
+        "model.block_size",
+    ]
+
+
+def test_write_failure_leaves_previous_intact(tmp_path) -> None:
+    ckpt.save_checkpoint(tmp_path, 1, state(1), CFG, keep_last=2)
+    # a real "file too large" from the kernel (RLIMIT_FSIZE with SIGXFSZ ignored) stands in for
+    # a full disk: write() fails with an OSError part-way through state.pt
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, old_limit[1]))
+    try:
+        with pytest.raises(ckpt.CheckpointWriteFailed, match="step 2"):
+            ckpt.save_checkpoint(tmp_path, 2, {"w": torch.zeros(100_000)}, CFG, keep_last=2)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert ckpt.find_resumable(tmp_path).path == tmp_path / "step-00000001"
+    assert json.loads((tmp_path / "step-00000001" / "manifest.json").read_text())["step"] == 1
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]

@@ -1,0 +1,136 @@
+"""Data: anchor/label alignment (the off-by-one), bucketing, determinism, prepare with a chat
+template."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from trainer.config import DataConfig
+from trainer.data import (
+    IGNORE,
+    BatchStream,
+    DataPosition,
+    Sample,
+    anchor_candidates,
+    block_labels,
+    bucket_length,
+    collate,
+    load_samples,
+    prepare,
+    sample_anchors,
+    write_samples,
+)
+from trainer.demo import build_tokenizer
+
+
+def test_anchor_candidates_need_next_supervised() -> None:
+    mask = [False, False, True, True, True, False, True, True, False, True]
+    assert anchor_candidates(mask) == [2, 3, 6]
+
+
+def test_labels_slot_k_predicts_token_at_anchor_plus_k() -> None:
+    ids = [100 + i for i in range(10)]  # token at position i is 100 + i
+    mask = [False, False, True, True, True, True, False, True, True, True]
+    anchors = torch.tensor([2, 7, 0])
+    valid = torch.tensor([True, True, False])
+    labels = block_labels(ids, mask, anchors, valid, block_size=4)
+    assert labels.tolist() == [
+        [IGNORE, 103, 104, 105],  # block at 2: slot k → x_{2+k}; all supervised
+        [IGNORE, 108, 109, IGNORE],  # block at 7: position 10 is past the end
+        [IGNORE] * 4,  # invalid block
+    ]
+    # a supervision hole inside a block is ignored, the rest kept
+    labels = block_labels(ids, mask, torch.tensor([4]), torch.tensor([True]), block_size=4)
+    assert labels.tolist() == [[IGNORE, 105, IGNORE, 107]]
+
+
+def test_sample_anchors_sorted_padded_and_capped() -> None:
+    mask = [True] * 50
+    gen = torch.Generator().manual_seed(0)
+    anchors, valid = sample_anchors(mask, 8, gen)
+    assert valid.all() and anchors.tolist() == sorted(anchors.tolist())
+    assert len(set(anchors.tolist())) == 8 and anchors.max() < 49
+    anchors, valid = sample_anchors([False, True, True, True], 5, gen)
+    assert anchors.tolist() == [1, 2, 0, 0, 0] and valid.tolist() == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+
+
+def test_bucketing_pads_to_multiples() -> None:
+    assert bucket_length(1, 128) == 128
+    assert bucket_length(128, 128) == 128
+    assert bucket_length(129, 128) == 256
+    samples = [Sample([1] * 70, [True] * 70), Sample([2] * 130, [True] * 130)]
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    batch = collate(
+        samples, block_size=4, num_anchors=16, bucket=64, pad_token_id=9, generators=gens
+    )
+    assert batch.input_ids.shape == (2, 192)
+    assert batch.input_ids[0, 70:].eq(9).all() and batch.lengths.tolist() == [70, 130]
+    assert batch.labels.shape == (2, 16, 4)
+
+
+def test_stream_is_deterministic_and_resumable() -> None:
+    gen = torch.Generator().manual_seed(1)
+    samples = [
+        Sample(torch.randint(0, 50, (n,), generator=gen).tolist(), [False] * 3 + [True] * (n - 3))
+        for n in range(10, 30)
+    ]
+    cfg = DataConfig(path="x", batch_size=3, num_anchors=4, bucket=8)
+    a = BatchStream(samples, cfg, block_size=4, seed=5)
+    first = [a.next_batch() for _ in range(9)]  # crosses an epoch boundary (20 // 3 = 6 per epoch)
+    b = BatchStream(samples, cfg, block_size=4, seed=5)
+    for _ in range(4):
+        b.next_batch()
+    resumed = BatchStream(samples, cfg, block_size=4, seed=5, position=b.position)
+    for want in first[4:]:
+        got = resumed.next_batch()
+        assert torch.equal(got.input_ids, want.input_ids) and torch.equal(got.labels, want.labels)
+    assert a.position.epoch == 1
+    other = BatchStream(samples, cfg, block_size=4, seed=6).next_batch()
+    assert not torch.equal(other.input_ids, first[0].input_ids)
+    assert isinstance(a.position, DataPosition)
+
+
+def test_jsonl_roundtrip_and_errors(tmp_path) -> None:
+    path = tmp_path / "d.jsonl"
+    write_samples(path, [Sample([1, 2, 3], [False, True, True])])
+    assert load_samples(path) == [Sample([1, 2, 3], [False, True, True])]
+    assert load_samples(path, max_len=2) == [Sample([1, 2], [False, True])]
+    path.write_text(json.dumps({"input_ids": [1, 2]}) + "\n")
+    with pytest.raises(ValueError, match="loss_mask"):
+        load_samples(path)
+
+
+def test_prepare_supervises_assistant_turns_only(tmp_path) -> None:
+    build_tokenizer(tmp_path / "tok")
+    chat = tmp_path / "chat.jsonl"
+    convo = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "bye"},
+            {"role": "assistant", "content": "ok"},
+        ]
+    }
+    chat.write_text(json.dumps(convo) + "\n")
+    out = tmp_path / "tok.jsonl"
+    assert prepare(chat, tmp_path / "tok", out) == 1
+    (sample,) = load_samples(out)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"), local_files_only=True)
+    supervised = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
+    end = "<|im_end|>\n"
+    assert tok.decode(supervised) == "hello" + end + "ok" + end
+    assert (
+        sample.input_ids == tok.apply_chat_template(convo["messages"], tokenize=True)["input_ids"]
+    )

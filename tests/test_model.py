@@ -1,0 +1,167 @@
+"""Drafter: shapes, what a block may see (nothing at or after its anchor, nothing of another
+block), the mask token check, and target loading through save_pretrained/from_pretrained."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from trainer.config import ModelConfig, TrainConfigError
+from trainer.model import Drafter, shape_from_target
+from trainer.target import default_target_layers, load_target
+
+V, H, B = 97, 32, 4
+
+
+def tiny_target_config(layers: int = 6) -> Qwen3Config:
+    return Qwen3Config(
+        vocab_size=V,
+        hidden_size=H,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        pad_token_id=3,
+    )
+
+
+def make_drafter(**model_kw) -> Drafter:
+    torch.manual_seed(0)
+    model = ModelConfig(target="t", num_layers=2, block_size=B, **model_kw)
+    return Drafter(shape_from_target(tiny_target_config(), model, num_features=3)).eval()
+
+
+def inputs(seq: int = 24, n: int = 3):
+    gen = torch.Generator().manual_seed(1)
+    features = torch.randn(2, seq, 3 * H, generator=gen)
+    ids = torch.randint(0, V, (2, seq), generator=gen)
+    anchors = torch.tensor([[4, 9, 15], [2, 11, 0]])
+    valid = torch.tensor([[True, True, True], [True, True, False]])
+    embed = torch.randn(V, H, generator=gen)
+    return features, ids, anchors[:, :n], valid[:, :n], embed
+
+
+def test_forward_shape_and_shape_from_target() -> None:
+    drafter = make_drafter()
+    s = drafter.shape
+    assert (s.num_heads, s.num_kv_heads, s.head_dim, s.intermediate_size) == (4, 2, 8, 64)
+    assert s.qk_norm and s.mask_token_id == 3 and s.rope_theta == 10000.0
+    out = drafter(*inputs())
+    assert out.shape == (2, 3, B, H) and torch.isfinite(out).all()
+    assert drafter.fc.weight.shape == (H, 3 * H)
+
+
+@pytest.mark.parametrize("sliding", [False, True])
+def test_block_sees_only_context_before_its_anchor(sliding: bool) -> None:
+    kw = {"sliding_window": 6, "sliding_layers": [1]} if sliding else {}
+    drafter = make_drafter(**kw)
+    features, ids, anchors, valid, embed = inputs()
+    base = drafter(features, ids, anchors, valid, embed)
+    # perturb context features (and tokens) at and after anchor 9 (row 0, block 1): blocks 0 and
+    # 1 of row 0 must not change; block 2 (anchor 15) may.
+    f2, ids2 = features.clone(), ids.clone()
+    f2[0, 9:] += torch.randn_like(f2[0, 9:])
+    ids2[0, 10:] = (ids2[0, 10:] + 1) % V  # ids[9] is block 1's own first token: keep it
+    out = drafter(f2, ids2, anchors, valid, embed)
+    torch.testing.assert_close(out[0, :2], base[0, :2], rtol=0, atol=1e-6)
+    assert not torch.allclose(out[0, 2], base[0, 2])
+    torch.testing.assert_close(out[1], base[1], rtol=0, atol=1e-6)  # other row untouched
+    # context just before the anchor is visible
+    f3 = features.clone()
+    f3[0, 8] += 1.0
+    assert not torch.allclose(drafter(f3, ids, anchors, valid, embed)[0, 1], base[0, 1])
+
+
+def test_blocks_do_not_see_each_other() -> None:
+    drafter = make_drafter()
+    features, ids, anchors, valid, embed = inputs()
+    base = drafter(features, ids, anchors, valid, embed)
+    # changing block 1's first token (x at anchor 9) through the *embedding row* of that token
+    # changes block 1 only; blocks 0 and 2 read position 9 as context features, not as tokens.
+    ids2 = ids.clone()
+    ids2[0, 9] = (ids[0, 9] + 1) % V
+    out = drafter(features, ids2, anchors, valid, embed)
+    assert not torch.allclose(out[0, 1], base[0, 1])
+    torch.testing.assert_close(out[0, 0], base[0, 0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(out[0, 2], base[0, 2], rtol=0, atol=1e-6)
+
+
+def test_slot_positions_follow_anchor() -> None:
+    """Moving an anchor changes its block (positions and context), and only its block."""
+    drafter = make_drafter()
+    features, ids, anchors, valid, embed = inputs()
+    base = drafter(features, ids, anchors, valid, embed)
+    moved = anchors.clone()
+    moved[0, 1] = 10
+    out = drafter(features, ids, moved, valid, embed)
+    assert not torch.allclose(out[0, 1], base[0, 1])
+    torch.testing.assert_close(out[0, 0], base[0, 0], rtol=0, atol=1e-6)
+
+
+def test_bf16_autocast_forward_and_backward(monkeypatch) -> None:
+    """The CUDA recipe (fp32 params, bf16 autocast, bf16 target tensors), run on the CPU.
+    FlexAttention is not an autocast op: q, k, v must reach it in one dtype."""
+    import trainer.model as model_module
+
+    seen = []
+
+    def spy(q, k, v, mask, **kw):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return real(q, k, v, mask, **kw)
+
+    real = model_module.draft_attention
+    monkeypatch.setattr(model_module, "draft_attention", spy)
+    drafter = make_drafter().train()
+    features, ids, anchors, valid, embed = inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = drafter(features.bfloat16(), ids, anchors, valid, embed.bfloat16())
+    assert out.shape == (2, 3, B, H) and torch.isfinite(out).all()
+    assert seen and all(dtypes == (torch.bfloat16,) * 3 for dtypes in seen), seen
+    out.float().square().mean().backward()
+    assert all(torch.isfinite(p.grad).all() for p in drafter.parameters())
+    ref = make_drafter()(features, ids, anchors, valid, embed)
+    torch.testing.assert_close(out.float(), ref, rtol=0.1, atol=0.1)
+
+
+def test_mask_token_must_be_embedding_row() -> None:
+    with pytest.raises(TrainConfigError, match="model.mask_token_id") as err:
+        make_drafter(mask_token_id=V)
+    assert "not a row" in str(err.value)
+    assert make_drafter(mask_token_id=V - 1).shape.mask_token_id == V - 1
+
+
+def test_gradients_reach_drafter_params() -> None:
+    drafter = make_drafter().train()
+    features, ids, anchors, valid, embed = inputs()
+    drafter(features, ids, anchors, valid, embed).square().mean().backward()
+    for name, p in drafter.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def test_default_target_layers_formula() -> None:
+    assert default_target_layers(64) == [1, 16, 31, 46, 61]
+    assert default_target_layers(36) == [1, 9, 17, 25, 33]
+
+
+def test_target_roundtrip_through_save_pretrained(tmp_path) -> None:
+    torch.manual_seed(0)
+    hf = Qwen3ForCausalLM(tiny_target_config(6)).eval()
+    hf.save_pretrained(str(tmp_path / "t"))
+    target = load_target(tmp_path / "t", layers=[1, 3])
+    assert not any(p.requires_grad for p in target.model.parameters())
+    ids = torch.randint(0, V, (2, 10))
+    out = target(ids)
+    assert out.features.shape == (2, 10, 2 * H) and out.last_hidden.shape == (2, 10, H)
+    with torch.no_grad():  # layer i = output of decoder layer i: recompute by hand
+        ref = hf.model(input_ids=ids, output_hidden_states=True)
+        torch.testing.assert_close(out.features[..., :H], ref.hidden_states[2])
+        logits = hf(input_ids=ids).logits
+    torch.testing.assert_close(
+        out.last_hidden @ target.lm_head_weight.T, logits, rtol=1e-4, atol=1e-4
+    )
+    with pytest.raises(TrainConfigError, match="model.target_layers"):
+        load_target(tmp_path / "t", layers=[5])
+    with pytest.raises(TrainConfigError, match="model.target"):
+        load_target(tmp_path / "missing")

@@ -1,0 +1,121 @@
+"""The training loop on a tiny demo target: the loss falls, resume repeats the uninterrupted
+losses exactly, the entry point logs, writes metrics.jsonl and refuses a mismatched checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.config import TrainConfig, config_from_dict
+from trainer.trainer import Trainer
+
+TINY = {
+    "demo": {"enabled": True, "num_samples": 32, "num_layers": 4, "prompt_len": 6, "gen_len": 26},
+    "model": {"num_layers": 1, "block_size": 4, "num_target_layers": 2},
+    "data": {"batch_size": 4, "num_anchors": 8, "bucket": 32, "max_len": 64, "noise": 0.01},
+    "optim": {"lr": 3e-3, "warmup_steps": 5, "weight_decay": 0.0},
+    "run": {"steps": 40, "device": "cpu", "checkpoint_every": 0, "threads": 1},
+}
+
+
+def tiny_config(assets: Path, **sections: dict) -> TrainConfig:
+    raw = {k: dict(v) for k, v in TINY.items()}
+    raw["demo"]["folder"] = str(assets)
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    return config_from_dict(raw)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("demo-assets")
+
+
+def test_tiny_run_lowers_the_loss(tmp_path, assets) -> None:
+    results = Trainer(tiny_config(assets), tmp_path / "run", emit=lambda _: None).run()
+    losses = [r.loss for r in results]
+    assert len(losses) == 40
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < 0.85 * first, (first, last)
+    acc = [sum(r.slot_accuracy) / len(r.slot_accuracy) for r in results]
+    assert sum(acc[-5:]) > sum(acc[:5])
+
+
+def test_resume_equals_uninterrupted(tmp_path, assets) -> None:
+    k = 6
+    cfg = tiny_config(assets, run={"steps": 2 * k, "checkpoint_every": k})
+    full = [r.loss for r in Trainer(cfg, tmp_path / "a", emit=lambda _: None).run()]
+    first = Trainer(cfg, tmp_path / "b", emit=lambda _: None)
+    part1 = [r.loss for r in first.run(until=k)]
+    del first  # the process "stops" after its checkpoint at step k
+    lines: list[str] = []
+    second = Trainer(cfg, tmp_path / "b", emit=lines.append)
+    assert second.step == k and any("resumed from step-00000006" in line for line in lines)
+    part2 = [r.loss for r in second.run()]
+    assert part1 + part2 == full  # bit-for-bit
+    steps = [
+        json.loads(line)["step"]
+        for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps == list(range(1, 2 * k + 1))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.train", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def write_toml(path: Path, assets: Path) -> Path:
+    lines = []
+    for name, values in TINY.items():
+        lines.append(f"[{name}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+        if name == "demo":
+            lines.append(f"folder = {json.dumps(str(assets))}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_entry_point_logs_and_writes_metrics(tmp_path, assets) -> None:
+    cfg = write_toml(tmp_path / "c.toml", assets)
+    out = tmp_path / "run"
+    proc = run_cli("--config", str(cfg), "--out", str(out), "--set", "run.steps=3")
+    assert proc.returncode == 0, proc.stderr
+    assert "step 3/3 | loss" in proc.stdout and "acc%" in proc.stdout and "tok/s" in proc.stdout
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for key in ("time", "loss", "ce", "kl", "cap", "lr", "tokens_per_s", "slot_accuracy"):
+        assert key in rows[0]
+    assert len(rows[0]["slot_accuracy"]) == 3
+    assert (out / "step-00000003" / "manifest.json").is_file()
+
+
+def test_entry_point_refuses_mismatch_and_bad_settings(tmp_path, assets) -> None:
+    cfg = write_toml(tmp_path / "c.toml", assets)
+    out = tmp_path / "run"
+    Trainer(tiny_config(assets, run={"steps": 1}), out, emit=lambda _: None).run()
+    proc = run_cli(
+        "--config",
+        str(cfg),
+        "--out",
+        str(out),
+        "--set",
+        "run.steps=4",
+        "--set",
+        "model.block_size=5",
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "model.block_size" in proc.stderr and "--force-resume" in proc.stderr
+    proc = run_cli("--config", str(cfg), "--out", str(out), "--set", "optim.lr=unknown")
+    assert proc.returncode == 2 and "optim.lr" in proc.stderr

@@ -1,0 +1,88 @@
+"""Config: TOML + overrides, typed parsing, errors naming the key, stable hash."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer.config import TrainConfigError, diff_settings, load_config
+
+BASE = """
+[model]
+target = "/models/t"
+block_size = 10
+[data]
+path = "/data/train.jsonl"
+num_anchors = 64
+"""
+
+
+def test_load_and_override(tmp_path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(BASE)
+    cfg = load_config(path, ["optim.lr=3e-4", "model.target_layers=[1, 3]", "run.device=cpu"])
+    assert cfg.optim.lr == 3e-4 and cfg.model.target_layers == [1, 3] and cfg.run.device == "cpu"
+    assert cfg.model.block_size == 10 and cfg.loss.resolved_gamma(10) == 10.0
+    assert cfg.loss.kl_weight == 0.15 and load_config(path).loss.resolved_gamma(16) == 7.0
+    assert load_config(path, ["model.mask_token_id=none"]).model.mask_token_id is None
+    assert load_config(path, ["optim.warmup_steps=3"]).optim.warmup_steps == 3
+
+
+def test_deploy_toml_train_table(tmp_path) -> None:
+    path = tmp_path / "deploy.toml"
+    path.write_text('[place]\nkind = "local"\n[train]\ndemo = true\n[train.run]\nsteps = 7\n')
+    cfg = load_config(path)
+    assert cfg.demo.enabled and cfg.run.steps == 7
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("optim.lrr=1", "optim.lrr"),
+        ("nope.x=1", "nope.x"),
+        ("optim.lr=fast", "optim.lr"),
+        ("run.steps=1.5", "run.steps"),
+        ("data.shuffle=1", "data.shuffle"),
+        ("model.block_size=1", "model.block_size"),
+        ("model.sliding_layers=[7]", "model.sliding_layers"),
+        ("loss.kl_weight=2", "loss.kl_weight"),
+    ],
+)
+def test_errors_name_the_key(tmp_path, override: str, key: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(BASE)
+    with pytest.raises(TrainConfigError) as err:
+        load_config(path, [override])
+    assert err.value.key == key and key in str(err.value)
+
+
+def test_missing_target_named(tmp_path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[data]\npath = 'x'\n")
+    with pytest.raises(TrainConfigError, match="model.target"):
+        load_config(path)
+
+
+def test_hash_covers_model_and_data_only(tmp_path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(BASE)
+    a = load_config(path)
+    assert (
+        a.model_data_hash() == load_config(path, ["optim.lr=1e-3", "run.steps=5"]).model_data_hash()
+    )
+    b = load_config(path, ["model.num_layers=3", "data.num_anchors=32"])
+    assert a.model_data_hash() != b.model_data_hash()
+    assert diff_settings(a.model_data_settings(), b.model_data_settings()) == [
+        "data.num_anchors",
+        "model.num_layers",
+    ]
+
+
+def test_demo_alone_is_the_demo_config(tmp_path) -> None:
+    from pathlib import Path
+
+    demo_toml = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "demo.toml"
+    path = tmp_path / "deploy.toml"
+    path.write_text("[train]\ndemo = true\n")
+    assert load_config(path) == load_config(demo_toml)
+    cfg = load_config(path, ["run.steps=5", "model.block_size=4"])
+    assert cfg.run.steps == 5 and cfg.model.block_size == 4 and cfg.run.device == "cpu"

@@ -1,0 +1,247 @@
+"""Atomic checkpoints with a manifest, and choosing the one to resume from.
+
+Layout inside the run folder: `step-00000500/{state.pt, manifest.json}`. Writing goes to a
+hidden temp folder (`.tmp-step-…`), every file and the folder are fsynced, then the folder is
+renamed into place and the run folder fsynced: a crash leaves either a complete checkpoint or a
+temp folder that is ignored. The manifest carries the step, the model+data config hash and the
+settings behind it (to name what differs), the code version and the sha256 of `state.pt`;
+resume takes the newest checkpoint whose manifest parses and whose checksum matches, and says
+which ones it skipped and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.config import TrainConfig, diff_settings
+from trainer.errors import TrainerError
+
+STATE = "state.pt"
+MANIFEST = "manifest.json"
+_NAME = re.compile(r"^step-(\d{8})$")
+_TMP = re.compile(r"^\.tmp-step-\d{8}-\d+$")
+
+
+class CheckpointMismatch(TrainerError):
+    """The newest checkpoint was written with other model or data settings."""
+
+    hint = "Use the same settings, train into a new --out folder, or pass --force-resume."
+
+    def __init__(self, path: Path, keys: list[str]) -> None:
+        super().__init__(f"{path} was written with different settings: {', '.join(keys)}")
+        self.path = path
+        self.keys = keys
+
+
+class CheckpointWriteFailed(TrainerError):
+    """A checkpoint could not be written (disk full, permissions); earlier ones are intact."""
+
+    hint = (
+        "Free space or fix permissions in the run folder; training resumes from the last good one."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    step: int
+    config_hash: str
+    code_version: str
+    sha256: str
+    created: float
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Found:
+    """The checkpoint to resume from (or None) and the ones skipped, with the reason."""
+
+    path: Path | None
+    manifest: Manifest | None
+    skipped: list[tuple[Path, str]]
+
+
+def code_version() -> str:
+    """Package version + a digest of the trainer's own sources (works in a bundle without git)."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("dflash")
+    except metadata.PackageNotFoundError:
+        version = "0+unknown"
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return f"{version}+{digest.hexdigest()[:12]}"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(
+    run_dir: str | Path, step: int, state: dict[str, Any], config: TrainConfig, *, keep_last: int
+) -> Path:
+    """Write `state` as checkpoint `step` atomically, then keep only the last `keep_last`."""
+    run_dir = Path(run_dir)
+    tmp = run_dir / f".tmp-step-{step:08d}-{os.getpid()}"
+    try:
+        return _save(run_dir, tmp, step, state, config, keep_last=keep_last)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os_error = _os_error(exc)
+        if os_error is None:
+            raise
+        raise CheckpointWriteFailed(
+            f"writing checkpoint step {step} in {run_dir} failed: {os_error}"
+        ) from exc
+
+
+def _os_error(exc: BaseException | None) -> OSError | None:
+    """The OSError behind `exc` (torch.save re-raises a failed write as a RuntimeError)."""
+    while exc is not None:
+        if isinstance(exc, OSError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _save(
+    run_dir: Path,
+    tmp: Path,
+    step: int,
+    state: dict[str, Any],
+    config: TrainConfig,
+    *,
+    keep_last: int,
+) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    final = run_dir / f"step-{step:08d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    with open(tmp / STATE, "wb") as fh:
+        torch.save(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    manifest = Manifest(
+        step=step,
+        config_hash=config.model_data_hash(),
+        code_version=code_version(),
+        sha256=_sha256(tmp / STATE),
+        created=time.time(),
+        settings=config.model_data_settings(),
+    )
+    with open(tmp / MANIFEST, "w") as fh:
+        json.dump(asdict(manifest), fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_dir(tmp)
+    if final.exists():  # a re-run of the same step replaces it
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(run_dir)
+    prune(run_dir, keep_last=keep_last)
+    return final
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete-looking checkpoint folders, oldest first (temp folders never match)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = [
+        (int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := _NAME.match(p.name))
+    ]
+    return sorted(found)
+
+
+def remove_stale_temps(run_dir: str | Path) -> list[Path]:
+    """Delete temp folders left by an interrupted write (only `.tmp-step-*` inside run_dir)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    stale = [p for p in run_dir.iterdir() if p.is_dir() and _TMP.match(p.name)]
+    for path in stale:
+        shutil.rmtree(path)
+    return stale
+
+
+def prune(run_dir: Path, *, keep_last: int) -> None:
+    for _, path in list_checkpoints(run_dir)[:-keep_last]:
+        shutil.rmtree(path)
+
+
+def read_manifest(path: Path) -> Manifest:
+    raw = json.loads((path / MANIFEST).read_text())
+    return Manifest(**raw)
+
+
+def verify(path: Path) -> tuple[Manifest | None, str]:
+    """(manifest, "") when the checkpoint is whole, else (None, why not)."""
+    if not (path / MANIFEST).is_file():
+        return None, "no manifest"
+    try:
+        manifest = read_manifest(path)
+    except (json.JSONDecodeError, TypeError) as exc:
+        return None, f"unreadable manifest ({exc})"
+    if not (path / STATE).is_file():
+        return None, f"no {STATE}"
+    actual = _sha256(path / STATE)
+    if actual != manifest.sha256:
+        return (
+            None,
+            f"checksum mismatch ({STATE} sha256 {actual[:12]}…, manifest {manifest.sha256[:12]}…)",
+        )
+    return manifest, ""
+
+
+def find_resumable(run_dir: str | Path) -> Found:
+    """The newest verified checkpoint in `run_dir`, and every newer one skipped with its reason."""
+    skipped: list[tuple[Path, str]] = []
+    for step, path in reversed(list_checkpoints(run_dir)):
+        manifest, why = verify(path)
+        if manifest is None:
+            skipped.append((path, why))
+            continue
+        if manifest.step != step:
+            skipped.append((path, f"manifest says step {manifest.step}"))
+            continue
+        return Found(path, manifest, skipped)
+    return Found(None, None, skipped)
+
+
+def check_compatible(found: Found, config: TrainConfig, *, force: bool = False) -> list[str]:
+    """Keys whose values differ; raises `CheckpointMismatch` unless `force`."""
+    assert found.path is not None and found.manifest is not None
+    if found.manifest.config_hash == config.model_data_hash():
+        return []
+    keys = diff_settings(found.manifest.settings, config.model_data_settings()) or ["(config hash)"]
+    if not force:
+        raise CheckpointMismatch(found.path, keys)
+    return keys
+
+
+def load_state(path: Path, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    with open(path / STATE, "rb") as fh:
+        return torch.load(fh, map_location=map_location, weights_only=True)

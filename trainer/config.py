@@ -1,0 +1,407 @@
+"""Typed training settings: TOML file + `--set key=value` overrides → one validated `TrainConfig`.
+
+The same tables are read from a standalone TOML (`[model]`, `[data]`, …) or from the `[train]`
+table of `deploy.toml` (`[train.model]`, …). Every failure names the dotted key to change.
+`model_data_hash` fingerprints the settings a checkpoint depends on, so that resuming a run with a
+different model or data layout is refused (see `trainer.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import TrainerError
+
+
+class TrainConfigError(TrainerError, ValueError):
+    """A setting is missing, unknown, or has a bad value; the message names the dotted key."""
+
+    hint = "Change that key in the config file, or override it with --set KEY=VALUE."
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(f"{key}: {message}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """The drafter and the target it is trained against."""
+
+    target: str = ""  # local folder of the target (save_pretrained layout); never a hub id
+    num_layers: int = 5  # drafter decoder layers
+    block_size: int = 16  # B: [x_p, MASK × (B−1)]
+    mask_token_id: int | None = None  # None: the target config's pad_token_id, else vocab_size − 1
+    target_layers: list[int] | None = None  # 0-based decoder layers; None: spread from 1 to L−3
+    num_target_layers: int = 5  # how many layers are spread when target_layers is None
+    sliding_window: int | None = (
+        None  # context window (tokens before the anchor) of windowed layers
+    )
+    sliding_layers: list[int] = field(default_factory=list)  # drafter layers using the window
+    sliding_causal: bool = True  # windowed layers are causal inside the block
+
+    def __post_init__(self) -> None:
+        _positive("model.num_layers", self.num_layers)
+        if self.block_size < 2:
+            raise TrainConfigError("model.block_size", f"must be ≥ 2, got {self.block_size}")
+        _positive("model.num_target_layers", self.num_target_layers)
+        if self.mask_token_id is not None and self.mask_token_id < 0:
+            raise TrainConfigError("model.mask_token_id", "must be ≥ 0")
+        if self.target_layers is not None:
+            if not self.target_layers:
+                raise TrainConfigError("model.target_layers", "must not be empty")
+            if any(i < 0 for i in self.target_layers):
+                raise TrainConfigError("model.target_layers", "layer indices are ≥ 0")
+        if self.sliding_window is not None:
+            _positive("model.sliding_window", self.sliding_window)
+        bad = [i for i in self.sliding_layers if not 0 <= i < self.num_layers]
+        if bad:
+            raise TrainConfigError(
+                "model.sliding_layers", f"{bad} outside 0…{self.num_layers - 1} (model.num_layers)"
+            )
+        if self.sliding_layers and self.sliding_window is None:
+            raise TrainConfigError(
+                "model.sliding_window", "set it when model.sliding_layers is set"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Tokenized samples, how anchors are drawn, and how batches are shaped."""
+
+    path: str = ""  # tokenized JSONL: {"input_ids": [...], "loss_mask": [...]}
+    batch_size: int = 1  # sequences per step
+    max_len: int = 4096  # longer samples are truncated
+    num_anchors: int = 256  # blocks per sequence (padded with invalid blocks)
+    bucket: int = 128  # sequence lengths are padded up to a multiple of this
+    noise: float = 0.0  # uniform noise in [−noise, noise] added to the target features
+    shuffle: bool = True
+    pad_token_id: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("data.batch_size", self.batch_size)
+        _positive("data.max_len", self.max_len)
+        _positive("data.num_anchors", self.num_anchors)
+        _positive("data.bucket", self.bucket)
+        if self.noise < 0:
+            raise TrainConfigError("data.noise", f"must be ≥ 0, got {self.noise}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """AdamW with linear warmup then cosine decay to `min_lr_ratio · lr`."""
+
+    lr: float = 6e-4
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0  # 0 disables clipping
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise TrainConfigError("optim.lr", f"must be > 0, got {self.lr}")
+        if self.warmup_steps < 0:
+            raise TrainConfigError("optim.warmup_steps", "must be ≥ 0")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise TrainConfigError("optim.min_lr_ratio", "must be in [0, 1]")
+        if self.grad_clip < 0:
+            raise TrainConfigError("optim.grad_clip", "must be ≥ 0 (0 disables)")
+        for key in ("beta1", "beta2"):
+            if not 0 <= getattr(self, key) < 1:
+                raise TrainConfigError(f"optim.{key}", "must be in [0, 1)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossConfig:
+    """Weights of the DFlash loss terms (see `trainer.loss.dflash_loss`)."""
+
+    gamma: float | None = (
+        None  # slot decay; None: 7 for B = 16, 10 for B = 10 (the seed), else B·7/16
+    )
+    kl_weight: float = 0.15  # share of the KL term toward the target's own distribution
+    cap_weight: float = 0.0  # weight of the cumulative-acceptance term
+
+    def __post_init__(self) -> None:
+        if self.gamma is not None and self.gamma <= 0:
+            raise TrainConfigError("loss.gamma", f"must be > 0, got {self.gamma}")
+        if not 0 <= self.kl_weight <= 1:
+            raise TrainConfigError("loss.kl_weight", "must be in [0, 1]")
+        if self.cap_weight < 0:
+            raise TrainConfigError("loss.cap_weight", "must be ≥ 0")
+
+    def resolved_gamma(self, block_size: int) -> float:
+        """γ for this block size: the explicit value, else the published/seed default."""
+        if self.gamma is not None:
+            return float(self.gamma)
+        return {16: 7.0, 10: 10.0}.get(block_size, block_size * 7.0 / 16.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Length of the run, logging, checkpoints, device."""
+
+    steps: int = 1000
+    seed: int = 0
+    log_every: int = 1
+    checkpoint_every: int = 500  # 0: only at the end
+    keep_last: int = 3
+    device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:N"
+    threads: int = 0  # torch CPU threads; 0 leaves torch's default
+
+    def __post_init__(self) -> None:
+        _positive("run.steps", self.steps)
+        _positive("run.log_every", self.log_every)
+        if self.checkpoint_every < 0:
+            raise TrainConfigError("run.checkpoint_every", "must be ≥ 0")
+        _positive("run.keep_last", self.keep_last)
+        if self.threads < 0:
+            raise TrainConfigError("run.threads", "must be ≥ 0")
+        if self.device != "auto" and not (
+            self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")
+        ):
+            raise TrainConfigError(
+                "run.device", f"'{self.device}' is not auto, cpu, cuda or cuda:N"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoConfig:
+    """`enabled = true`: build a tiny random target and data it generated itself, then train on it.
+
+    The assets go to `folder` (default `<out>/../demo-assets`) and are reused when complete; the
+    run's `model.target` and `data.path` then point at them.
+    """
+
+    enabled: bool = False
+    folder: str = ""
+    seed: int = 0
+    vocab_size: int = 512
+    hidden_size: int = 64
+    num_layers: int = 6
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+    init_std: float = (
+        0.06  # a bit above the usual 0.02: greedy output with context-dependent cycles
+    )
+    num_samples: int = 256
+    prompt_len: int = 8
+    gen_len: int = 56
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads"):
+            _positive(f"demo.{key}", getattr(self, key))
+        for key in ("intermediate_size", "num_samples", "prompt_len", "gen_len"):
+            _positive(f"demo.{key}", getattr(self, key))
+        if self.hidden_size % self.num_heads:
+            raise TrainConfigError("demo.hidden_size", "must be a multiple of demo.num_heads")
+        if self.num_heads % self.num_kv_heads:
+            raise TrainConfigError("demo.num_kv_heads", "must divide demo.num_heads")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    demo: DemoConfig = field(default_factory=DemoConfig)
+
+    def __post_init__(self) -> None:
+        if not self.demo.enabled:
+            if not self.model.target:
+                raise TrainConfigError("model.target", "set the target's local folder")
+            if not self.data.path:
+                raise TrainConfigError("data.path", "set the tokenized JSONL file")
+        if self.data.max_len <= self.model.block_size:
+            raise TrainConfigError("data.max_len", "must exceed model.block_size")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def model_data_settings(self) -> dict[str, Any]:
+        """The settings a checkpoint is tied to (flat dotted keys). Paths are kept by name only
+        so that moving the run folder does not invalidate it."""
+        flat = _flatten(
+            {"model": dataclasses.asdict(self.model), "data": dataclasses.asdict(self.data)}
+        )
+        for key in ("model.target", "data.path"):
+            flat[key] = Path(str(flat[key])).name
+        return flat
+
+    def model_data_hash(self) -> str:
+        blob = json.dumps(self.model_data_settings(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "loss": LossConfig,
+    "run": RunConfig,
+    "demo": DemoConfig,
+}
+
+
+# With the demo enabled, keys left unset take these values: a tiny drafter on the CPU that
+# trains in about a minute (so `[train] demo = true` in deploy.toml is the whole demo).
+DEMO_DEFAULTS: dict[str, dict[str, Any]] = {
+    "model": {"num_layers": 2, "block_size": 8, "num_target_layers": 3},
+    "data": {"batch_size": 8, "max_len": 64, "num_anchors": 16, "bucket": 64, "noise": 0.02},
+    "optim": {"lr": 3e-3, "warmup_steps": 20, "weight_decay": 0.0},
+    "loss": {"kl_weight": 0.15},
+    "run": {"steps": 300, "device": "cpu", "threads": 2, "checkpoint_every": 100, "keep_last": 2},
+}
+
+
+def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> TrainConfig:
+    """Read `path` (standalone or deploy.toml with a `[train]` table), apply `key=value`
+    overrides, validate. `path=None` starts from the defaults."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise TrainConfigError("--config", f"{path} does not exist") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise TrainConfigError("--config", f"{path} is not valid TOML: {exc}") from exc
+        if isinstance(raw.get("train"), dict):
+            raw = raw["train"]
+    return config_from_dict(raw, overrides)
+
+
+def config_from_dict(raw: Mapping[str, Any], overrides: Iterable[str] = ()) -> TrainConfig:
+    tables: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for name, value in raw.items():
+        if name == "demo" and isinstance(value, bool):  # shorthand: demo = true
+            tables["demo"]["enabled"] = value
+            continue
+        if name not in SECTIONS:
+            raise TrainConfigError(name, f"unknown table; expected one of {sorted(SECTIONS)}")
+        if not isinstance(value, dict):
+            raise TrainConfigError(name, "must be a table")
+        for key, item in value.items():
+            tables[name][key] = _coerce(name, SECTIONS[name], key, item)
+    for item in overrides:
+        key, value = _parse_override(item)
+        section, _, name = key.partition(".")
+        if key == "demo":
+            section, name = "demo", "enabled"
+        if section not in SECTIONS or not name:
+            raise TrainConfigError(
+                key, f"unknown key; expected <table>.<key>, tables {sorted(SECTIONS)}"
+            )
+        tables[section][name] = _coerce(section, SECTIONS[section], name, value)
+    if tables["demo"].get("enabled"):
+        for name, defaults in DEMO_DEFAULTS.items():
+            tables[name] = {**defaults, **tables[name]}
+    parts = {name: SECTIONS[name](**values) for name, values in tables.items()}
+    return TrainConfig(**parts)
+
+
+def with_overrides(config: TrainConfig, **sections: dict[str, Any]) -> TrainConfig:
+    """A copy with some keys replaced, e.g. `with_overrides(cfg, run={"steps": 10})`."""
+    parts = {}
+    for name in SECTIONS:
+        part = getattr(config, name)
+        changes = {
+            k: _coerce(name, SECTIONS[name], k, v) for k, v in sections.get(name, {}).items()
+        }
+        parts[name] = dataclasses.replace(part, **changes) if changes else part
+    return TrainConfig(**parts)
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise TrainConfigError(item, "overrides are written key=value, e.g. optim.lr=3e-4")
+    text = text.strip()
+    try:  # TOML literal: numbers, booleans, quoted strings, arrays
+        return key, tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return key, text  # a bare string such as a path
+
+
+def _coerce(section: str, cls: type, key: str, value: Any) -> Any:
+    dotted = f"{section}.{key}"
+    hints = typing.get_type_hints(cls)
+    if key not in hints:
+        known = ", ".join(f.name for f in dataclasses.fields(cls))
+        raise TrainConfigError(dotted, f"unknown key; known keys of [{section}]: {known}")
+    return _check_type(dotted, hints[key], value)
+
+
+def _check_type(key: str, hint: Any, value: Any) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
+        if is_none and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _check_type(key, arg, value)
+            except TrainConfigError:
+                continue
+        raise TrainConfigError(key, f"expected {hint}, got {value!r}")
+    if origin is list:
+        (inner,) = typing.get_args(hint)
+        if not isinstance(value, list | tuple):
+            raise TrainConfigError(key, f"expected a list, got {value!r}")
+        return [_check_type(key, inner, v) for v in value]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise TrainConfigError(key, f"expected true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise TrainConfigError(key, f"expected an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise TrainConfigError(key, f"expected a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise TrainConfigError(key, f"expected a string, got {value!r}")
+    raise TrainConfigError(key, f"unsupported type {hint}")
+
+
+def _positive(key: str, value: int) -> None:
+    if value <= 0:
+        raise TrainConfigError(key, f"must be > 0, got {value}")
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def diff_settings(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Dotted keys whose values differ (or exist on one side only)."""
+    return sorted(
+        k for k in set(old) | set(new) if old.get(k, "<absent>") != new.get(k, "<absent>")
+    )

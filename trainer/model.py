@@ -1,0 +1,262 @@
+"""The DFlash drafter: a few decoder layers shaped like the target's, conditioned on target features.
+
+Forward, for a batch of sequences with N blocks of B slots each:
+1. context: the selected target layers' hidden states (Bsz, S, n·H) → `fc` → RMSNorm → (Bsz, S, H);
+2. block tokens `[x_anchor, MASK, …, MASK]` embedded with the target's frozen embedding
+   → (Bsz, N·B, H);
+3. every layer: queries from the block tokens only; keys/values = the same k/v projections applied
+   to `[context | block tokens]`; RoPE positions 0…S−1 for the context and anchor+k for slot k;
+   the mask (`trainer.attention.build_draft_mask`, built once per batch and per layer kind) lets
+   block n see context positions < anchor n and its own block only;
+4. final RMSNorm → (Bsz, N, B, H), read by the target's frozen lm_head inside the loss.
+The drafter has no embedding or lm_head of its own: they are passed in (frozen) at call time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from trainer.attention import DraftMask, build_draft_mask, draft_attention
+from trainer.config import ModelConfig, TrainConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrafterShape:
+    """Everything that fixes the drafter's parameter shapes and attention pattern."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    qk_norm: bool
+    attention_bias: bool
+    num_layers: int
+    num_features: int  # n: target layers concatenated
+    block_size: int
+    mask_token_id: int
+    vocab_size: int  # rows of the target's embedding
+    sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = field(default_factory=tuple)
+    sliding_causal: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise TrainConfigError(
+                "model.mask_token_id",
+                f"{self.mask_token_id} is not a row of the target's embedding (0…{self.vocab_size - 1})",
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"kv heads {self.num_kv_heads} must divide heads {self.num_heads}")
+
+
+def shape_from_target(target_config: Any, model: ModelConfig, *, num_features: int) -> DrafterShape:
+    """Take the layer shape from a `transformers` config; Qwen3-family targets get q/k norms."""
+    c = target_config
+    heads = int(c.num_attention_heads)
+    rope = getattr(c, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
+    vocab = int(c.vocab_size)
+    mask_id = model.mask_token_id
+    if mask_id is None:
+        pad = getattr(c, "pad_token_id", None)
+        mask_id = int(pad) if pad is not None else vocab - 1
+    return DrafterShape(
+        hidden_size=int(c.hidden_size),
+        num_heads=heads,
+        num_kv_heads=int(getattr(c, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads),
+        intermediate_size=int(c.intermediate_size),
+        rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
+        rope_theta=float(theta),
+        qk_norm=str(getattr(c, "model_type", "")).startswith("qwen3"),
+        attention_bias=bool(getattr(c, "attention_bias", False)),
+        num_layers=model.num_layers,
+        num_features=num_features,
+        block_size=model.block_size,
+        mask_token_id=mask_id,
+        vocab_size=vocab,
+        sliding_window=model.sliding_window,
+        sliding_layers=tuple(model.sliding_layers),
+        sliding_causal=model.sliding_causal,
+    )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """positions (Bsz, L) → cos, sin (Bsz, 1, L, hd) in fp32 (rotate-half layout)."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    freqs = positions.float()[..., None] * inv  # (Bsz, L, hd/2)
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (Bsz, 1, L, hd)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, s: DrafterShape) -> None:
+        super().__init__()
+        self.s = s
+        hd, bias = s.head_dim, s.attention_bias
+        self.q_proj = nn.Linear(s.hidden_size, s.num_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(s.hidden_size, s.num_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(s.hidden_size, s.num_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(s.num_heads * hd, s.hidden_size, bias=False)
+        self.q_norm = RMSNorm(hd, s.rms_norm_eps) if s.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(hd, s.rms_norm_eps) if s.qk_norm else nn.Identity()
+
+    def forward(
+        self,
+        x: Tensor,
+        ctx: Tensor,
+        rope_q: tuple[Tensor, Tensor],
+        rope_k: tuple[Tensor, Tensor],
+        mask: DraftMask,
+    ) -> Tensor:
+        """x (Bsz, Q, H) block tokens (normed), ctx (Bsz, S, H) projected context → (Bsz, Q, H)."""
+        bsz, q_len, _ = x.shape
+        hd = self.s.head_dim
+        kv_in = torch.cat([ctx, x], dim=1)  # (Bsz, S+Q, H)
+        q = self.q_norm(self.q_proj(x).view(bsz, q_len, -1, hd)).transpose(1, 2)  # (Bsz, Hq, Q, hd)
+        k = self.k_norm(self.k_proj(kv_in).view(bsz, kv_in.shape[1], -1, hd)).transpose(1, 2)
+        v = (
+            self.v_proj(kv_in).view(bsz, kv_in.shape[1], -1, hd).transpose(1, 2)
+        )  # (Bsz, Hkv, K, hd)
+        # under autocast the projections are bf16 but the fp32-weighted q/k norms give fp32:
+        # attention needs one dtype
+        q = apply_rope(q, *rope_q).to(v.dtype)
+        k = apply_rope(k, *rope_k).to(v.dtype)
+        out = draft_attention(q, k, v, mask)  # (Bsz, Hq, Q, hd)
+        return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
+
+
+class DrafterMLP(nn.Module):
+    def __init__(self, s: DrafterShape) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, s: DrafterShape, *, sliding: bool) -> None:
+        super().__init__()
+        self.sliding = sliding
+        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.self_attn = DrafterAttention(s)
+        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.mlp = DrafterMLP(s)
+
+    def forward(self, x: Tensor, ctx: Tensor, rope_q: Any, rope_k: Any, mask: DraftMask) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_k, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Drafter(nn.Module):
+    """The DFlash drafter; `forward` returns hidden states (Bsz, N, B, H) after the final norm."""
+
+    def __init__(self, shape: DrafterShape, *, attention_backend: str = "auto") -> None:
+        super().__init__()
+        self.shape = shape
+        self.attention_backend = attention_backend
+        h = shape.hidden_size
+        self.fc = nn.Linear(shape.num_features * h, h, bias=False)
+        self.hidden_norm = RMSNorm(h, shape.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DrafterLayer(shape, sliding=i in shape.sliding_layers) for i in range(shape.num_layers)
+        )
+        self.norm = RMSNorm(h, shape.rms_norm_eps)
+        self.reset_parameters()
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def block_tokens(self, input_ids: Tensor, anchors: Tensor) -> Tensor:
+        """`[x_anchor, MASK, …]` → (Bsz, N, B) long."""
+        bsz, n = anchors.shape
+        first = input_ids.gather(1, anchors)  # (Bsz, N)
+        tokens = torch.full(
+            (bsz, n, self.shape.block_size),
+            self.shape.mask_token_id,
+            dtype=torch.long,
+            device=input_ids.device,
+        )
+        tokens[:, :, 0] = first
+        return tokens
+
+    def build_masks(
+        self, anchors: Tensor, valid: Tensor, context_len: int
+    ) -> dict[bool, DraftMask]:
+        """One mask per layer kind (full / sliding), shared by all layers of that kind."""
+        s = self.shape
+        kinds = {layer.sliding for layer in self.layers}
+        return {
+            sliding: build_draft_mask(
+                anchors,
+                valid,
+                context_len,
+                s.block_size,
+                window=s.sliding_window if sliding else None,
+                causal_in_block=s.sliding_causal if sliding else False,
+                backend=self.attention_backend,
+                num_heads=s.num_heads,
+            )
+            for sliding in sorted(kinds)
+        }
+
+    def forward(
+        self,
+        features: Tensor,
+        input_ids: Tensor,
+        anchors: Tensor,
+        valid: Tensor,
+        embed_weight: Tensor,
+    ) -> Tensor:
+        """features (Bsz, S, n·H), input_ids (Bsz, S), anchors/valid (Bsz, N), embed_weight (V, H)
+        → hidden (Bsz, N, B, H)."""
+        s = self.shape
+        bsz, seq, _ = features.shape
+        n = anchors.shape[1]
+        anchors = torch.where(valid, anchors, torch.zeros_like(anchors))
+        dtype = self.fc.weight.dtype
+        ctx = self.hidden_norm(self.fc(features.to(dtype)))  # (Bsz, S, H)
+        x = F.embedding(self.block_tokens(input_ids, anchors), embed_weight)  # (Bsz, N, B, H)
+        x = x.reshape(bsz, n * s.block_size, -1).to(dtype)  # (Bsz, Q, H)
+        ctx_pos = torch.arange(seq, device=features.device).expand(bsz, seq)  # (Bsz, S)
+        blk_pos = anchors[:, :, None] + torch.arange(s.block_size, device=features.device)
+        blk_pos = blk_pos.reshape(bsz, -1)  # (Bsz, Q)
+        rope_q = rope_cos_sin(blk_pos, s.head_dim, s.rope_theta)
+        rope_k = rope_cos_sin(torch.cat([ctx_pos, blk_pos], dim=1), s.head_dim, s.rope_theta)
+        masks = self.build_masks(anchors, valid, seq)
+        for layer in self.layers:
+            x = layer(x, ctx, rope_q, rope_k, masks[layer.sliding])
+        return self.norm(x).reshape(bsz, n, s.block_size, -1)  # (Bsz, N, B, H)

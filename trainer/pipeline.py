@@ -1,0 +1,219 @@
+"""The two roles of a training step: the target worker produces features, the drafter worker
+trains on them.
+
+`TargetWorker.produce(batch) -> Features` runs the frozen target; `DrafterWorker.train_step(
+features, step)` runs the drafter, the loss and one optimizer step. `Features` is everything that
+crosses between them — the selected hidden states, the target's last hidden state (for the KL
+term: the frozen lm_head is applied on the drafter's side, so no vocabulary-wide logits ever
+travel), token ids, anchors, validity and labels — so that the roles can later live on different
+ranks and exchange `Features` point to point. Here they run colocated in one process.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from trainer.config import LossConfig, OptimConfig
+from trainer.data import Batch, uniform_noise
+from trainer.loss import dflash_loss
+from trainer.model import Drafter
+from trainer.target import Target
+
+
+@dataclass
+class Features:
+    hidden: Tensor  # (Bsz, S, n·H) selected target layers, concatenated
+    last_hidden: Tensor  # (Bsz, S, H) the target's final normed hidden state
+    input_ids: Tensor  # (Bsz, S) long
+    anchors: Tensor  # (Bsz, N) long
+    valid: Tensor  # (Bsz, N) bool
+    labels: Tensor  # (Bsz, N, B) long
+    num_tokens: int  # real (unpadded) tokens in the batch
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "num_tokens"}
+
+
+class TargetWorker:
+    """Runs the frozen target over batches."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+
+    def produce(self, batch: Batch) -> Features:
+        batch = batch.to(self.target.device)
+        out = self.target(batch.input_ids)
+        return Features(
+            hidden=out.features,
+            last_hidden=out.last_hidden,
+            input_ids=batch.input_ids,
+            anchors=batch.anchors,
+            valid=batch.valid,
+            labels=batch.labels,
+            num_tokens=batch.num_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int
+    loss: float
+    ce: float
+    kl: float
+    cap: float
+    slot_accuracy: list[float]  # per slot k ≥ 1 (NaN when a slot had no label)
+    lr: float
+    grad_norm: float
+    tokens: int
+    seconds: float
+
+
+def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:
+    """Multiplier of the base lr at `step` (0-based): linear warmup, then cosine to min_lr_ratio."""
+    if step < optim.warmup_steps:
+        return (step + 1) / optim.warmup_steps
+    span = max(1, total_steps - optim.warmup_steps)
+    progress = min(1.0, (step - optim.warmup_steps) / span)
+    return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def target_hidden_for_blocks(last_hidden: Tensor, anchors: Tensor, block_size: int) -> Tensor:
+    """The target's hidden state that predicts the token of slot k: position anchor+k−1.
+
+    last_hidden (Bsz, S, H), anchors (Bsz, N) → (Bsz, N, B, H) (slot 0 reads anchor−1, clamped;
+    it carries no loss)."""
+    bsz, seq, h = last_hidden.shape
+    pos = anchors[:, :, None] + torch.arange(block_size, device=anchors.device) - 1  # (Bsz, N, B)
+    pos = pos.clamp(0, seq - 1).reshape(bsz, -1)
+    return last_hidden.gather(1, pos[..., None].expand(-1, -1, h)).reshape(
+        bsz, *anchors.shape[1:], block_size, h
+    )
+
+
+class DrafterWorker:
+    """Owns the drafter, its optimizer and schedule; one call = one training step."""
+
+    def __init__(
+        self,
+        drafter: Drafter,
+        *,
+        embed_weight: Tensor,
+        lm_head_weight: Tensor,
+        optim: OptimConfig,
+        loss: LossConfig,
+        total_steps: int,
+        noise: float = 0.0,
+        seed: int = 0,
+        loss_chunk_rows: int | None = None,
+    ) -> None:
+        self.drafter = drafter
+        self.embed_weight = embed_weight.detach()
+        self.lm_head_weight = lm_head_weight.detach()
+        self.loss_config = loss
+        self.gamma = loss.resolved_gamma(drafter.shape.block_size)
+        self.noise = noise
+        self.loss_chunk_rows = loss_chunk_rows  # None: sized from the vocabulary by the loss
+        self.seed = seed
+        self.optim_config = optim
+        decay = [p for p in drafter.parameters() if p.dim() >= 2]
+        no_decay = [p for p in drafter.parameters() if p.dim() < 2]
+        device = next(drafter.parameters()).device
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": optim.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=optim.lr,
+            betas=(optim.beta1, optim.beta2),
+            eps=optim.eps,
+            fused=device.type == "cuda",
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_at(s, optim, total_steps)
+        )
+        self.device = device
+
+    def _autocast(self):
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def train_step(self, features: Features, step: int) -> StepResult:
+        start = time.perf_counter()
+        f = features
+        hidden = f.hidden
+        if self.noise > 0:
+            hidden = hidden + uniform_noise(
+                hidden.shape,
+                scale=self.noise,
+                seed=self.seed,
+                step=step,
+                device=hidden.device,
+                dtype=hidden.dtype,
+            )
+        b = self.drafter.shape.block_size
+        self.drafter.train()
+        with self._autocast():
+            out = self.drafter(
+                hidden, f.input_ids, f.anchors, f.valid, self.embed_weight
+            )  # (Bsz, N, B, H)
+        target_hidden = None
+        if self.loss_config.kl_weight > 0:
+            target_hidden = target_hidden_for_blocks(f.last_hidden, f.anchors, b)
+            target_hidden = target_hidden.reshape(-1, b, out.shape[-1]).to(out.dtype)
+        result = dflash_loss(
+            out.reshape(-1, b, out.shape[-1]),
+            self.lm_head_weight,
+            f.labels.reshape(-1, b),
+            gamma=self.gamma,
+            target_hidden=target_hidden,
+            kl_weight=self.loss_config.kl_weight,
+            cap_weight=self.loss_config.cap_weight,
+            chunk_rows=self.loss_chunk_rows,
+        )
+        result.loss.backward()
+        clip = self.optim_config.grad_clip
+        params = list(self.drafter.parameters())
+        if clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        else:
+            grad_norm = torch.linalg.vector_norm(
+                torch.stack([p.grad.norm() for p in params if p.grad is not None])
+            )
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        values = torch.stack(
+            [result.loss.detach(), result.ce, result.kl, result.cap, grad_norm]
+        ).tolist()
+        return StepResult(
+            step=step,
+            loss=values[0],
+            ce=values[1],
+            kl=values[2],
+            cap=values[3],
+            slot_accuracy=result.slot_accuracy[1:].tolist(),
+            lr=lr,
+            grad_norm=values[4],
+            tokens=f.num_tokens,
+            seconds=time.perf_counter() - start,
+        )
+
+    def state_dict(self) -> dict:
+        return {
+            "drafter": self.drafter.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.drafter.load_state_dict(state["drafter"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])

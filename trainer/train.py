@@ -1,0 +1,63 @@
+"""Train a DFlash drafter against a frozen target.
+
+    python -m trainer.train --config trainer/configs/demo.toml --out runs/demo
+    python -m trainer.train --config deploy.toml --out /workspace/checkpoints --set optim.lr=3e-4
+
+`--config` is a standalone TOML or a deploy.toml (its `[train]` table); `--set key=value`
+overrides any setting (dotted keys, TOML values). The run folder `--out` receives checkpoints
+(`step-XXXXXXXX/`) and `metrics.jsonl`; starting again resumes from the newest verified
+checkpoint there, and refuses one written with other model/data settings unless
+`--force-resume`. Settings reference: docs/training.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from trainer.config import load_config
+from trainer.errors import TrainerError
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.train", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--config", required=True, help="TOML file (standalone or deploy.toml)")
+    parser.add_argument("--out", required=True, help="run folder: checkpoints and metrics.jsonl")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a setting, e.g. --set optim.lr=3e-4 (repeatable)",
+    )
+    parser.add_argument(
+        "--force-resume",
+        action="store_true",
+        help="resume even if the checkpoint's model/data settings differ",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
+    try:
+        config = load_config(args.config, args.overrides)  # fails fast, before torch loads
+        from trainer.trainer import Trainer
+
+        Trainer(config, args.out, force_resume=args.force_resume).run()
+    except TrainerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; resume by starting again with the same --out", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
