@@ -1,9 +1,16 @@
 """The checkpoints folder at a place: list it, and archive it before a fresh run.
 
-Nothing is deleted here. A fresh run (`deploy` without `--resume`, `restart --clean`) moves every
+Nothing is deleted by default. A fresh run (`deploy` without `--resume`, `restart --clean`) moves every
 entry of the folder — checkpoints, metrics, the previous run's log — into
 `<checkpoints>/archive/<UTC time>/` by rename (same filesystem: instant, whatever the size), so
 the trainer starts from an empty folder and the old run can still be recovered.
+
+`prune(keep=N)` is the one deletion, of archived runs only (never the live entries). Each
+deletion is one command at the place that first proves, there, that the path it removes lies
+strictly inside `<checkpoints>/archive/`: both are resolved with `realpath -e` (symlinks
+followed) and compared as prefixes with a trailing slash, so `/`, an empty path, `..` and a
+symlink pointing out of the folder are refused before `rm` runs. `rm -rf` never follows
+symlinks below the folder it removes.
 """
 
 from __future__ import annotations
@@ -13,12 +20,26 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dflash_ops import shell
-from dflash_ops.errors import CheckpointPathError, UnsafeValue
+from dflash_ops.errors import CheckpointPathError, RemoteCommandFailed, UnsafeValue
 
 if TYPE_CHECKING:
     from dflash_ops.place import Place
 
 ARCHIVE = "archive"
+
+# $1 checkpoints folder, $2 the archived entry to delete. Exit 3 (with a message) to refuse.
+_REMOVE_ARCHIVED = (
+    "set -e\n"
+    'refuse() { echo "refusing to delete $2: $1" >&2; exit 3; }\n'
+    'base=$(realpath -e -- "$1") || refuse "the checkpoints folder does not resolve"\n'
+    'case "$base" in ""|/) refuse "the checkpoints folder resolves to ${base:-nothing}";; esac\n'
+    f'arch=$(realpath -e -- "$base/{ARCHIVE}") || refuse "there is no archive folder"\n'
+    'case "$arch/" in "$base"/?*/) ;; *) refuse "the archive folder resolves to $arch";; esac\n'
+    'target=$(realpath -e -- "$2") || refuse "it does not resolve (a dangling link?)"\n'
+    'case "$target/" in "$arch"/?*/) ;; *) refuse "it resolves to $target, outside $arch/";; esac\n'
+    'case "${target#"$arch"/}" in */*) refuse "it is not directly inside $arch/";; esac\n'
+    'rm -rf -- "$target"\n'
+)
 
 # Names of the entries of folder $1, NUL-separated; nothing when the folder does not exist.
 _ENTRIES = (
@@ -33,6 +54,13 @@ class Entry:
     kind: str  # "f" file, "d" folder, "l" link, … (find's %y)
     size: int  # bytes (for folders: the folder entry itself)
     mtime: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruneReport:
+    deleted: list[str]  # archive stamps removed
+    kept: list[str]  # archive stamps left (the newest `keep`)
+    refused: list[str]  # one message per entry that failed its path proof (left in place)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,8 +117,31 @@ class Checkpoints:
         }
         return Listing(live=live, archived=archived)
 
-    def _inside(self, name: str) -> str:
+    def prune(self, *, keep: int) -> PruneReport:
+        """Delete all but the newest `keep` archived runs; live entries are never touched."""
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+            raise CheckpointPathError(f"--keep must be 0 or more, not {keep!r}.", hint="")
+        stamps = sorted(e.name for e in self.entries(self.archive_dir))
+        doomed = stamps[: len(stamps) - keep] if keep else stamps
+        deleted, refused = [], []
+        for stamp in doomed:
+            path = self._inside(stamp, folder=self.archive_dir)
+            result = self.place.run(
+                ["bash", "-c", _REMOVE_ARCHIVED, "dflash-prune", self.path, path], check=False
+            )
+            if result.exit_code == 0:
+                deleted.append(stamp)
+            elif result.exit_code == 3:
+                refused.append(result.stderr_text.strip().splitlines()[-1])
+            else:
+                raise RemoteCommandFailed(
+                    self.place.description, result.argv, result.exit_code, result.stderr_text
+                )
+        kept = [s for s in stamps if s not in doomed]
+        return PruneReport(deleted=deleted, kept=kept, refused=refused)
+
+    def _inside(self, name: str, *, folder: str | None = None) -> str:
         """The path of entry `name`, proven to be directly inside the folder."""
         if not name or "/" in name or name in (".", "..") or "\0" in name:
-            raise CheckpointPathError(f"Refusing to move {name!r}: not an entry of {self.path}.")
-        return f"{self.path}/{name}"
+            raise CheckpointPathError(f"Refusing {name!r}: not an entry of {folder or self.path}.")
+        return f"{folder or self.path}/{name}"

@@ -62,6 +62,8 @@ _JOB_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "command": _STR,
     "socket": _STR,
     "stop_timeout": _NUM,
+    "lock_wait": _NUM,
+    "lock_max_age": _NUM,
 }
 _TOP_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "target": _TABLE,
@@ -135,6 +137,8 @@ class JobConfig:
     command: str | None = None
     socket: str = "dflash"
     stop_timeout: float = 30.0
+    lock_wait: float = 10.0  # seconds a command waits for the place's deploy lock
+    lock_max_age: float = 6 * 3600.0  # a lock older than this is stale wherever its holder is
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -403,6 +407,11 @@ def _job_config(table: Mapping[str, Any], *, path: Path) -> JobConfig:
         )
     if job.stop_timeout <= 0:
         raise ConfigError(f"Key 'job.stop_timeout' in {path} must be more than 0 seconds.")
+    if job.lock_wait < 0 or job.lock_max_age <= 0:
+        raise ConfigError(
+            f"Keys 'job.lock_wait' (0 or more) and 'job.lock_max_age' (more than 0) in {path} "
+            "are seconds.",
+        )
     if job.command is not None and not job.command.strip():
         raise ConfigError(f"Key 'job.command' in {path} is empty.", hint="Remove it or set it.")
     _check_log(job.log, path)

@@ -239,6 +239,15 @@ class Job:
             ";", "respawn-pane", "-k", "-t", target, *env_args,
             "--", "bash", "-c", WRAPPER, "dflash-job", *argv,
         )  # fmt: skip
+        if result.exit_code != 0 and _server_went_away(result) and not self.state().exists:
+            # The server of a session just killed was still exiting and took the new one with it.
+            time.sleep(0.3)
+            result = self.tmux(
+                "new-session", "-d", "-s", self.session, "-x", "200", "-y", "50", *_PLACEHOLDER,
+                ";", "set-option", "-w", "-t", target, "remain-on-exit", "on",
+                ";", "respawn-pane", "-k", "-t", target, *env_args,
+                "--", "bash", "-c", WRAPPER, "dflash-job", *argv,
+            )  # fmt: skip
         self._check(result, "start the job")
         log.info("started job", extra={"session": self.session, "place": self.place.description})
         return self.state()
@@ -355,6 +364,11 @@ class Job:
                     self.place = reconnect()
                 except ConnectionFailed as again:
                     log.warning("reconnect failed: %s", again)
+
+
+def _server_went_away(result: TmuxResult) -> bool:
+    text = result.stderr.lower()
+    return any(m in text for m in ("no current target", "server exited", "lost server"))
 
 
 def _parent(path: str) -> str:

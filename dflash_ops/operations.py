@@ -4,7 +4,11 @@ deploy:  build the bundle → push it (one tar stream) → switch `current` → 
          stop the running job → archive the checkpoints (unless resuming) → start the job →
          remember the target in `.dflash/state.json`.
 restart: stop → archive (with `--clean`) → start the job of the current release.
+rollback: switch `current` to an earlier complete release → stop → start (resuming).
 stop:    SIGINT, SIGTERM, SIGKILL to the job's process group, then end the session.
+
+deploy, restart, rollback and stop hold the target's deploy lock (`lock.py`) while they act, so
+two of them never interleave; `force` takes over a lock whose holder is gone.
 status:  the session's state, the release, the last log lines and the trainer's last metrics.
 """
 
@@ -17,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_ops import state
+from dflash_ops import doctor, state
 from dflash_ops.job import JobState
 from dflash_ops.launch import LaunchPlan
 from dflash_ops.release import KEEP, build_bundle, new_release_id
@@ -58,7 +62,15 @@ def start_job(ws: Workspace) -> JobState:
     )
 
 
-def deploy(ws: Workspace, *, resume: bool = False, say: Say = _quiet) -> DeployReport:
+def deploy(
+    ws: Workspace,
+    *,
+    resume: bool = False,
+    force: bool = False,
+    say: Say = _quiet,
+    warn: Say | None = None,
+) -> DeployReport:
+    doctor.preflight(ws)  # reachable, container, tmux, python: stop before touching anything
     job_config = ws.config.job
     plan = LaunchPlan(
         release_id=new_release_id(),
@@ -72,15 +84,15 @@ def deploy(ws: Workspace, *, resume: bool = False, say: Say = _quiet) -> DeployR
         ws.config.project_dir, plan=plan, train=ws.config.train, target=ws.target.describe()
     )
     say(f"Release {bundle.release_id} ({len(bundle.data) / 1024:.0f} KiB) → {ws.target.describe()}")
-    releases = ws.releases()
-    removed = releases.deploy(bundle, keep=KEEP)
-    stopped = ws.job().stop()
-    if stopped is not None:
-        say(f"Stopped the previous job (exit {stopped.exit_code}).")
-    archived = None if resume else ws.checkpoints().archive()
-    if archived:
-        say(f"Archived the previous checkpoints into {archived}.")
-    started = start_job(ws)
+    with ws.lock(warn=warn or say).held("deploy", force=force):
+        removed = ws.releases().deploy(bundle, keep=KEEP)
+        stopped = ws.job().stop()
+        if stopped is not None:
+            say(f"Stopped the previous job (exit {stopped.exit_code}).")
+        archived = None if resume else ws.checkpoints().archive()
+        if archived:
+            say(f"Archived the previous checkpoints into {archived}.")
+        started = start_job(ws)
     state.save(
         ws.config.project_dir,
         state.DeployRecord(
@@ -99,16 +111,34 @@ def deploy(ws: Workspace, *, resume: bool = False, say: Say = _quiet) -> DeployR
     )
 
 
-def restart(ws: Workspace, *, clean: bool = False) -> RestartReport:
-    release = ws.releases().require_current()
-    stopped = ws.job().stop()
-    archived = ws.checkpoints().archive() if clean else None
-    started = start_job(ws)
+def restart(
+    ws: Workspace, *, clean: bool = False, force: bool = False, say: Say = _quiet
+) -> RestartReport:
+    with ws.lock(warn=say).held("restart", force=force):
+        release = ws.releases().require_current()
+        stopped = ws.job().stop()
+        archived = ws.checkpoints().archive() if clean else None
+        started = start_job(ws)
     return RestartReport(release=release, stopped=stopped, archived=archived, started=started)
 
 
-def stop(ws: Workspace) -> JobState | None:
-    return ws.job().stop()
+def rollback(
+    ws: Workspace, *, to: str | None = None, force: bool = False, say: Say = _quiet
+) -> RestartReport:
+    """Point `current` at an earlier complete release and restart the job on it (resuming:
+    the checkpoints stay where they are)."""
+    with ws.lock(warn=say).held("rollback", force=force):
+        releases = ws.releases()
+        target = releases.rollback_target(to)
+        releases.switch(target)
+        stopped = ws.job().stop()
+        started = start_job(ws)
+    return RestartReport(release=target, stopped=stopped, archived=None, started=started)
+
+
+def stop(ws: Workspace, *, force: bool = False, say: Say = _quiet) -> JobState | None:
+    with ws.lock(warn=say).held("stop", force=force):
+        return ws.job().stop()
 
 
 def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:

@@ -41,25 +41,43 @@ KEEP = 5
 RELEASE_ID = re.compile(r"\d{8}-\d{6}-\d{3}-[0-9a-f]{4}")
 _SKIP = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 
-# Makes room for the release and unpacks stdin into `releases/<id>.tmp`. Unfinished releases
-# of earlier, interrupted deploys (`*.tmp`) are removed first.
+COMPLETE = ".complete"  # written last into a release: everything before it is on disk
+
+# Makes room for the release and unpacks stdin into `releases/<id>.tmp`; the marker is written
+# only after tar succeeded and the files were flushed. Unfinished releases of earlier,
+# interrupted deploys (`*.tmp`) are removed first.
 _UNPACK = (
     "set -e\n"
     'rel=$1/releases; mkdir -p -- "$rel"\n'
     'for d in "$rel"/*.tmp; do if [ -e "$d" ]; then rm -rf -- "$d"; fi; done\n'
     'mkdir -- "$rel/$2.tmp"\n'
-    'exec tar -x --no-same-owner -C "$rel/$2.tmp" -f -\n'
+    'tar -x --no-same-owner -C "$rel/$2.tmp" -f -\n'
+    'sync -f -- "$rel/$2.tmp"\n'
+    f': > "$rel/$2.tmp/{COMPLETE}"\n'
 )
 
-# Marks the release complete, points `current` at it atomically, and lists all releases.
+# Completes release $2 (renames `.tmp` away once it has its marker), points `current` at it
+# atomically (a new link renamed over the old one), and lists all releases.
 _SWITCH = (
     "set -e\n"
     'cd -- "$1"\n'
-    'if [ -e "releases/$2.tmp" ]; then mv -T -- "releases/$2.tmp" "releases/$2"; fi\n'
-    '[ -d "releases/$2" ]\n'
+    f'if [ -f "releases/$2.tmp/{COMPLETE}" ]; then mv -T -- "releases/$2.tmp" "releases/$2"; fi\n'
+    f'[ -f "releases/$2/{COMPLETE}" ] || {{ echo "release $2 is not complete" >&2; exit 1; }}\n'
     'ln -sfn -- "releases/$2" .current.tmp\n'
     "mv -T -- .current.tmp current\n"
     "ls -1 -- releases\n"
+)
+
+# For every complete release: id, size in bytes, RELEASE.json squeezed onto one line; NUL-ended.
+_DESCRIBE = (
+    '[ -d "$1/releases" ] || exit 0\n'
+    'cd -- "$1/releases"\n'
+    "for d in *; do\n"
+    f'  [ -f "$d/{COMPLETE}" ] || continue\n'
+    '  size=$(du -sb -- "$d" | cut -f1)\n'
+    '  meta=$(tr -d "\\n" < "$d/RELEASE.json" 2>/dev/null || true)\n'
+    '  printf "%s\\t%s\\t%s\\0" "$d" "$size" "$meta"\n'
+    "done\n"
 )
 
 
@@ -193,9 +211,11 @@ class Releases:
     def prune(
         self, releases: list[str], *, keep: int = KEEP, current: str | None = None
     ) -> list[str]:
-        """Delete all but the newest `keep` releases (never the current one)."""
+        """Delete all but the newest `keep` releases — never `current`, never the release
+        `rollback` would go back to (the newest complete one before `current`)."""
         current = current or self.current()
-        old = [r for r in sorted(releases)[:-keep] if r != current] if keep > 0 else []
+        protected = {current, previous(releases, current)}
+        old = [r for r in sorted(releases)[:-keep] if r not in protected] if keep > 0 else []
         if old:
             paths = [f"{self.root}/releases/{_checked(r)}" for r in old]
             self.place.run(["rm", "-rf", "--", *paths])
@@ -216,9 +236,54 @@ class Releases:
         return name if RELEASE_ID.fullmatch(name) else None
 
     def list(self) -> list[str]:
-        result = self.place.run(["ls", "-1", "--", f"{self.root}/releases"], check=False)
-        names = result.stdout.decode("utf-8", "replace").splitlines()
-        return sorted(n for n in names if RELEASE_ID.fullmatch(n))
+        """The complete releases (with their marker), oldest first."""
+        return [info.release_id for info in self.describe()]
+
+    def describe(self) -> list[ReleaseInfo]:
+        """Every complete release with its size and RELEASE.json, oldest first."""
+        result = self.place.run(["bash", "-c", _DESCRIBE, "dflash-releases", self.root])
+        current = self.current()
+        infos = []
+        for record in result.stdout.decode("utf-8", "replace").split("\0"):
+            if not record:
+                continue
+            name, size, meta_text = record.split("\t", 2)
+            if not RELEASE_ID.fullmatch(name):
+                continue
+            try:
+                meta = json.loads(meta_text) if meta_text else {}
+            except ValueError:
+                meta = {}
+            infos.append(
+                ReleaseInfo(
+                    release_id=name,
+                    size=int(size) if size.isdigit() else 0,
+                    meta=meta if isinstance(meta, dict) else {},
+                    current=name == current,
+                )
+            )
+        return sorted(infos, key=lambda info: info.release_id)
+
+    def rollback_target(self, to: str | None = None) -> str:
+        """The release `rollback` switches to: `to` (which must be complete), else the newest
+        complete release older than `current`."""
+        releases = self.list()
+        if to is not None:
+            if to not in releases:
+                raise ReleaseError(
+                    f"Release {to!r} is not a complete release at {self.root} on "
+                    f"{self.place.description}.",
+                    hint="List them with: dflash releases",
+                )
+            return to
+        current = self.require_current()
+        target = previous(releases, current)
+        if target is None:
+            raise ReleaseError(
+                f"No complete release older than the current one ({current}) at {self.root}.",
+                hint="List them with: dflash releases (dflash rollback --to ID picks one)",
+            )
+        return target
 
     def require_current(self) -> str:
         release = self.current()
@@ -228,6 +293,20 @@ class Releases:
                 hint="Deploy first: dflash deploy",
             )
         return release
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReleaseInfo:
+    release_id: str
+    size: int  # bytes on disk
+    meta: Mapping[str, Any]  # RELEASE.json: created, source, by, target, …
+    current: bool
+
+
+def previous(releases: list[str], current: str | None) -> str | None:
+    """The newest release older than `current` (ids sort by time), or None."""
+    older = [r for r in sorted(releases) if current is not None and r < current]
+    return older[-1] if older else None
 
 
 def _last_line(text: str) -> str:

@@ -7,6 +7,7 @@ releases and the checkpoints of the target from it. The place is opened on first
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ from dflash_ops import state
 from dflash_ops.checkpoints import Checkpoints
 from dflash_ops.config import Config, Target, TargetFlags, find_config, load_config, resolve_target
 from dflash_ops.job import Job
+from dflash_ops.lock import DeployLock
 from dflash_ops.release import Releases
 
 if TYPE_CHECKING:
@@ -113,6 +115,12 @@ class Workspace:
 
     def releases(self) -> Releases:
         return Releases(self.place, self.target.root)
+
+    def lock(self, *, warn: Callable[[str], None] | None = None) -> DeployLock:
+        job = self.config.job
+        return DeployLock(
+            self.place, self.target.root, wait=job.lock_wait, max_age=job.lock_max_age, warn=warn
+        )
 
     def checkpoints(self) -> Checkpoints:
         return Checkpoints(self.place, self.target.checkpoints)

@@ -1,11 +1,15 @@
 """The `dflash` command: deploy the trainer to a place and run, watch and stop its job.
 
+    dflash init [--host H [--ct N]] [--model PATH] [--force]
+    dflash doctor [--host H [--ct N] | --target NAME] [--json] [--no-gpu-smoke]
     dflash deploy [--host H [--ct N] | --target NAME] [--resume]
     dflash logs [--follow] [--tail N]
     dflash status [--json]
     dflash restart [--clean]
     dflash stop
-    dflash checkpoints
+    dflash releases
+    dflash rollback [--to ID]
+    dflash checkpoints [prune --keep N]
 
 Every failure is one message, a hint and a non-zero exit (`main` catches `DflashError`).
 """
@@ -17,21 +21,30 @@ from collections.abc import Sequence
 
 import typer
 
-from dflash_ops.cli import checkpoints, control, deploy, logs, output, status
+from dflash_ops.cli import (
+    checkpoints,
+    control,
+    deploy,
+    doctor,
+    init,
+    logs,
+    output,
+    releases,
+    status,
+)
 from dflash_ops.cli.context import Globals
 from dflash_ops.cli.options import ConfigOption, VerboseOption
 from dflash_ops.errors import DflashError
 
 app = typer.Typer(
     name="dflash",
-    help="Train DFlash drafters on your own GPU boxes: deploy the trainer, run and watch the job.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish)
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-for group in (deploy, logs, status, control, checkpoints):
+for group in (init, doctor, deploy, logs, status, control, releases, checkpoints):
     app.add_typer(group.app)
 
 
@@ -48,6 +61,10 @@ def root(
       dflash deploy            # ship trainer/ and start the job ([target] in deploy.toml)
       dflash logs --follow     # watch it; exits with the job's exit code
       dflash status            # running? loss? throughput?
+
+    \b
+    First time: dflash init (writes deploy.toml), then dflash doctor (checks the place).
+    Shell completion (bash, zsh, fish): dflash --install-completion
     """
     ctx.obj = Globals(config=config, verbose=verbose)
     output.setup_logging(verbose)

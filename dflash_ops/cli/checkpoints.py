@@ -23,9 +23,11 @@ from dflash_ops.cli.options import (
 )
 
 app = typer.Typer()
+group = typer.Typer(name="checkpoints", invoke_without_command=True, no_args_is_help=False)
+app.add_typer(group)
 
 
-@app.command()
+@group.callback()
 def checkpoints(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -39,13 +41,16 @@ def checkpoints(
     """List the checkpoints folder: the live entries, and each archived run.
 
     Fresh runs (deploy without --resume, restart --clean) move the live entries into
-    <checkpoints>/archive/<UTC time>/; nothing is deleted.
+    <checkpoints>/archive/<UTC time>/; nothing is deleted unless you prune.
 
     \b
     Examples:
       dflash checkpoints
       dflash checkpoints --json
+      dflash checkpoints prune --keep 3
     """
+    if ctx.invoked_subcommand is not None:
+        return
     flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
     ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
     try:
@@ -68,3 +73,43 @@ def checkpoints(
         say(f"  {escape(stamp)}  {len(entries)} entries")
     if not listing.archived:
         say("  (none)")
+
+
+@group.command()
+def prune(
+    ctx: typer.Context,
+    keep: Annotated[
+        int, typer.Option("--keep", min=0, help="How many archived runs to keep (the newest).")
+    ],
+    target: TargetOption = None,
+    host: HostOption = None,
+    user: UserOption = None,
+    port: PortOption = None,
+    ct: CtOption = None,
+    accept_new_host_key: AcceptKeyOption = False,
+) -> None:
+    """Delete archived runs except the newest --keep N. Live checkpoints are never touched.
+
+    Each deletion first proves, at the place, that the resolved path lies inside
+    <checkpoints>/archive/ (symlinks followed); anything else is refused and left in place.
+
+    \b
+    Examples:
+      dflash checkpoints prune --keep 3
+    """
+    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
+    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
+    try:
+        report = ws.checkpoints().prune(keep=keep)
+    finally:
+        ws.close()
+    for stamp in report.deleted:
+        output.info(f"Deleted archived run {stamp}")
+    for message in report.refused:
+        output.warn(message)
+    output.success(
+        f"Pruned {len(report.deleted)} archived run(s); kept {len(report.kept)}"
+        + (f"; refused {len(report.refused)}." if report.refused else ".")
+    )
+    if report.refused:
+        raise typer.Exit(1)

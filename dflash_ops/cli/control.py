@@ -12,6 +12,7 @@ from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import (
     AcceptKeyOption,
     CtOption,
+    ForceOption,
     HostOption,
     PortOption,
     TargetOption,
@@ -31,6 +32,7 @@ def stop(
     port: PortOption = None,
     ct: CtOption = None,
     accept_new_host_key: AcceptKeyOption = False,
+    force: ForceOption = False,
 ) -> None:
     """Stop the job: SIGINT, then SIGTERM, then SIGKILL, then end its tmux session.
 
@@ -44,7 +46,7 @@ def stop(
     flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
     ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
     try:
-        final = operations.stop(ws)
+        final = operations.stop(ws, force=force, say=output.warn)
     finally:
         ws.close()
     where = ws.target.describe()
@@ -69,6 +71,7 @@ def restart(
     port: PortOption = None,
     ct: CtOption = None,
     accept_new_host_key: AcceptKeyOption = False,
+    force: ForceOption = False,
 ) -> None:
     """Stop the job and start it again on the current release.
 
@@ -83,7 +86,7 @@ def restart(
     flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
     ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
     try:
-        report = operations.restart(ws, clean=clean)
+        report = operations.restart(ws, clean=clean, force=force, say=output.warn)
     finally:
         ws.close()
     if report.archived:

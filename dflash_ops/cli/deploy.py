@@ -12,6 +12,7 @@ from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import (
     AcceptKeyOption,
     CtOption,
+    ForceOption,
     HostOption,
     PortOption,
     TargetOption,
@@ -31,6 +32,7 @@ def deploy(
     port: PortOption = None,
     ct: CtOption = None,
     accept_new_host_key: AcceptKeyOption = False,
+    force: ForceOption = False,
     resume: Annotated[
         bool,
         typer.Option(
@@ -55,7 +57,9 @@ def deploy(
     flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
     ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
     try:
-        report = operations.deploy(ws, resume=resume, say=output.info)
+        report = operations.deploy(
+            ws, resume=resume, force=force, say=output.info, warn=output.warn
+        )
     finally:
         ws.close()
     if report.removed:

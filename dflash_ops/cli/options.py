@@ -76,3 +76,12 @@ def target_flags(
     ct: int | None,
 ) -> TargetFlags:
     return TargetFlags(target=target, host=host, user=user, port=port, ct=ct)
+
+
+ForceOption = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Take over the target's deploy lock even if another dflash command holds it.",
+    ),
+]

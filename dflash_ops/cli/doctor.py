@@ -1,0 +1,106 @@
+"""`dflash doctor`: check the target before a run, each line passed or failed with the fix."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from dflash_ops import doctor
+from dflash_ops.cli import output
+from dflash_ops.cli.context import workspace
+from dflash_ops.cli.options import (
+    AcceptKeyOption,
+    CtOption,
+    HostOption,
+    PortOption,
+    TargetOption,
+    UserOption,
+    target_flags,
+)
+from dflash_ops.workspace import open_place
+
+app = typer.Typer()
+
+
+@app.command("doctor")
+def doctor_command(
+    ctx: typer.Context,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (for scripts).")
+    ] = False,
+    gpu_smoke: Annotated[
+        bool,
+        typer.Option(
+            "--gpu-smoke/--no-gpu-smoke",
+            help="Run the smoke test of compiled attention + loss at the place (~10 s on a GPU).",
+        ),
+    ] = True,
+    min_free_gib: Annotated[
+        float,
+        typer.Option("--min-free-gib", min=0, help="Free space the checkpoints folder needs."),
+    ] = doctor.DEFAULT_MIN_FREE_GIB,
+    target: TargetOption = None,
+    host: HostOption = None,
+    user: UserOption = None,
+    port: PortOption = None,
+    ct: CtOption = None,
+    accept_new_host_key: AcceptKeyOption = False,
+) -> None:
+    """Check the target before a run: SSH, container, tmux, python, torch, CUDA and the GPU
+    count, the checkpoints folder, the target model, and a GPU smoke test at the place.
+
+    Each line is passed, failed (with the fix to apply) or skipped (an earlier check it needs
+    failed). The exit code is 0 only when every check passes.
+
+    \b
+    Examples:
+      dflash doctor                           # [target] from deploy.toml
+      dflash doctor --host pve --ct 200       # container 200 on a Proxmox node
+      dflash doctor --no-gpu-smoke --json | jq '.checks[] | select(.ok | not)'
+    """
+    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
+    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
+    place = open_place(ws.target, accept_new_host_key=accept_new_host_key)
+    show = None if as_json else _print_check
+    if not as_json:
+        output.info(f"Checking {ws.target.describe()} (target {ws.target.name!r}):")
+    try:
+        checks = doctor.diagnose(
+            doctor.Setup.of(ws, min_free_gib=min_free_gib),
+            place,
+            gpu_smoke=gpu_smoke,
+            on_check=show,
+        )
+    finally:
+        place.close()
+    ok = doctor.all_ok(checks)
+    if as_json:
+        report = {
+            "target": ws.target.name,
+            "place": ws.target.describe(),
+            "ok": ok,
+            "checks": [c.to_json() for c in checks],
+        }
+        print(json.dumps(report))
+    elif ok:
+        output.success(f"All {len(checks)} checks passed.")
+    else:
+        bad = sum(1 for c in checks if not c.ok and not c.skipped)
+        output.info(f"{bad} check(s) failed; apply the fixes above and run dflash doctor again.")
+    if not ok:
+        raise typer.Exit(1)
+
+
+def _print_check(check: doctor.Check) -> None:
+    say = output.out.print
+    if check.ok:
+        say(f"[green]✓[/green] {escape(check.name)}: {escape(check.detail)}")
+    elif check.skipped:
+        say(f"[yellow]-[/yellow] {escape(check.name)}: {escape(check.detail)}")
+    else:
+        say(f"[red]✗[/red] {escape(check.name)}: {escape(check.detail)}")
+        if check.fix:
+            say(f"    [cyan]fix:[/cyan] {escape(check.fix)}")

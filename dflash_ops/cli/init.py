@@ -1,0 +1,96 @@
+"""`dflash init`: write a commented deploy.toml for the place named on the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dflash_ops import init as init_lib
+from dflash_ops.cli import output
+from dflash_ops.cli.context import Globals
+from dflash_ops.cli.options import AcceptKeyOption, CtOption, HostOption, PortOption, UserOption
+from dflash_ops.config import DEFAULT_CONFIG_NAME, Target
+from dflash_ops.errors import ConfigError, DflashError
+from dflash_ops.workspace import open_place
+
+app = typer.Typer()
+
+
+@app.command("init")
+def init_command(
+    ctx: typer.Context,
+    host: HostOption = None,
+    user: UserOption = None,
+    port: PortOption = None,
+    ct: CtOption = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Target model folder at the place (save_pretrained layout); default: the demo.",
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an existing deploy.toml.")
+    ] = False,
+    accept_new_host_key: AcceptKeyOption = False,
+) -> None:
+    """Write a commented deploy.toml for this machine, an SSH host (--host) or a Proxmox
+    container (--host --ct), with the GPU count read from the place (nvidia-smi).
+
+    The file goes to --config FILE if given, else ./deploy.toml; an existing file is only
+    replaced with --force.
+
+    \b
+    Examples:
+      dflash init                                   # this machine, the demo target
+      dflash init --host gpu-box --model /models/Qwen3-8B
+      dflash init --host pve --ct 200 --force
+    """
+    root = ctx.find_object(Globals) or Globals()
+    path = (root.config or Path(DEFAULT_CONFIG_NAME)).expanduser().absolute()
+    init_lib.check_target_file(path, force=force)  # before connecting anywhere
+    if ct is not None and host is None:
+        raise ConfigError("--ct needs --host: the container lives on a Proxmox node.")
+    place_kind = "local" if host is None else "ssh" if ct is None else "proxmox"
+    target = Target(  # only the connection fields matter: it is used to ask for the GPUs
+        name="init",
+        place=place_kind,
+        host=host,
+        user=user,
+        port=port,
+        ct=ct,
+        root="/",
+        checkpoints="/",
+        python="python3",
+    )
+    gpus = _gpus(target, accept_new_host_key=accept_new_host_key)
+    plan = init_lib.InitPlan(
+        place=place_kind, host=host, user=user, port=port, ct=ct, gpus=gpus, model=model
+    )
+    init_lib.write(path, init_lib.render(plan), force=force)
+    split = init_lib.suggest_split(gpus.count)
+    output.success(
+        f"Wrote {path}: {place_kind} place, {gpus.count} GPU(s)"
+        + (f", {split} for the target model" if split else "")
+        + "."
+    )
+    output.info("Next: dflash doctor, then dflash deploy.")
+
+
+def _gpus(target: Target, *, accept_new_host_key: bool) -> init_lib.GpuInfo:
+    """The place's GPUs; when the place cannot be asked, 0 with a warning saying why."""
+    place = open_place(target, accept_new_host_key=accept_new_host_key)
+    try:
+        place.ensure_ready()  # type: ignore[attr-defined]
+        return init_lib.count_gpus(place)
+    except DflashError as exc:
+        output.warn(f"Could not read the GPU count from {target.describe()}: {exc}")
+        if exc.hint:
+            output.info(f"hint: {exc.hint}")
+        return init_lib.GpuInfo(count=0, note=f"could not ask {target.describe()}")
+    finally:
+        place.close()  # type: ignore[attr-defined]

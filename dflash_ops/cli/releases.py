@@ -1,0 +1,114 @@
+"""`dflash releases` and `dflash rollback`: what is deployed at the target, and going back."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from dflash_ops import operations
+from dflash_ops.cli import output
+from dflash_ops.cli.context import workspace
+from dflash_ops.cli.options import (
+    AcceptKeyOption,
+    CtOption,
+    ForceOption,
+    HostOption,
+    PortOption,
+    TargetOption,
+    UserOption,
+    target_flags,
+)
+
+app = typer.Typer()
+
+
+def _revision(meta: dict[str, Any]) -> str:
+    source = meta.get("source")
+    if not isinstance(source, dict) or not source.get("revision"):
+        return "-"
+    return str(source["revision"])[:12] + ("+dirty" if source.get("dirty") else "")
+
+
+@app.command()
+def releases(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    target: TargetOption = None,
+    host: HostOption = None,
+    user: UserOption = None,
+    port: PortOption = None,
+    ct: CtOption = None,
+    accept_new_host_key: AcceptKeyOption = False,
+) -> None:
+    """List the complete releases at the target: id, time, size, source revision, current.
+
+    \b
+    Examples:
+      dflash releases
+      dflash releases --json
+    """
+    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
+    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
+    try:
+        infos = ws.releases().describe()
+    finally:
+        ws.close()
+    rows = [
+        {
+            "id": info.release_id,
+            "created": info.meta.get("created"),
+            "size": info.size,
+            "revision": _revision(dict(info.meta)),
+            "by": info.meta.get("by"),
+            "current": info.current,
+        }
+        for info in infos
+    ]
+    if as_json:
+        print(json.dumps({"root": ws.target.root, "releases": rows}))
+        return
+    if not rows:
+        output.info(f"No releases at {ws.target.root} on {ws.target.describe()}.")
+        return
+    for row in rows:
+        mark = "*" if row["current"] else " "
+        output.out.print(
+            f"{mark} {row['id']}  {row['created'] or '-':<25}  {row['size']:>12,}  "
+            f"{escape(row['revision'])}"
+        )
+
+
+@app.command()
+def rollback(
+    ctx: typer.Context,
+    to: Annotated[
+        str | None,
+        typer.Option("--to", help="Release id to go back to (default: the previous one)."),
+    ] = None,
+    target: TargetOption = None,
+    host: HostOption = None,
+    user: UserOption = None,
+    port: PortOption = None,
+    ct: CtOption = None,
+    accept_new_host_key: AcceptKeyOption = False,
+    force: ForceOption = False,
+) -> None:
+    """Point current at an earlier complete release and restart the job on it.
+
+    The checkpoints stay in place: the trainer resumes from the newest one.
+
+    \b
+    Examples:
+      dflash rollback
+      dflash rollback --to 20260102-030405-678-abcd
+    """
+    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
+    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
+    try:
+        report = operations.rollback(ws, to=to, force=force, say=output.warn)
+    finally:
+        ws.close()
+    output.success(f"Rolled back to {report.release}; job {report.started.session!r} restarted.")

@@ -1,0 +1,144 @@
+"""`dflash doctor`: a checklist run at the place, each line passed or failed with its fix.
+
+The seed lost runs to things a half-minute check catches. Each check is a small function that
+looks at one thing through the place and returns a `Check(name, ok, detail, fix)`; `diagnose`
+runs them in order and marks as skipped the ones whose premise failed (no python → no torch
+check). Checks never raise for what they find: an error on the way (a dropped connection, a
+refused host key) becomes a failed check carrying the error's own message and hint, so
+`dflash deploy` (through `preflight`) and `dflash doctor` say the same words.
+
+Order and dependencies:
+
+    reachable (ssh/proxmox) → container (proxmox) → tmux, python → torch → cuda → gpu count
+                                                  → checkpoints, target model
+                                                  → smoke (torch; ships trainer/ to a scratch folder)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from dflash_ops.checks import (
+    DEFAULT_MIN_FREE_GIB,
+    Check,
+    Findings,
+    Setup,
+    check_checkpoints,
+    check_container,
+    check_cuda,
+    check_gpu_count,
+    check_model,
+    check_python,
+    check_python_runs,
+    check_reachable,
+    check_tmux,
+    check_torch,
+    from_error,
+)
+from dflash_ops.config import Target
+from dflash_ops.errors import DflashError
+from dflash_ops.place import Place
+from dflash_ops.smoke import check_smoke, smoke_check
+from dflash_ops.workspace import Workspace
+
+__all__ = ["DEFAULT_MIN_FREE_GIB", "Check", "Setup", "diagnose", "preflight", "smoke_check"]
+log = logging.getLogger(__name__)
+
+CheckFn = Callable[[Setup, Place, Findings], Check]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    run: CheckFn
+    needs: tuple[str, ...] = ()
+
+
+# --- running them ------------------------------------------------------------------------------
+
+
+def plan(target: Target, *, gpu_smoke: bool = True, cheap: bool = False) -> list[Step]:
+    """The checks that apply to this kind of place, in order, with what each needs.
+
+    `cheap`: only what `dflash deploy` checks first (reachable, container, tmux, python runs).
+    """
+    steps: list[Step] = []
+    base: tuple[str, ...] = ()
+    if target.place != "local":
+        steps.append(Step("ssh", check_reachable))
+        base = ("ssh",)
+    if target.place == "proxmox":
+        steps.append(Step("container", check_container, base))
+        base = (*base, "container")
+    if cheap:
+        return [*steps, Step("tmux", check_tmux, base), Step("python", check_python_runs, base)]
+    steps += [
+        Step("tmux", check_tmux, base),
+        Step("python", check_python, base),
+        Step("torch", check_torch, (*base, "python")),
+        Step("cuda", check_cuda, (*base, "python", "torch")),
+        Step("gpu count", check_gpu_count, (*base, "python", "torch", "cuda")),
+        Step("checkpoints", check_checkpoints, base),
+        Step("target model", check_model, base),
+    ]
+    if gpu_smoke:
+        steps.append(Step("gpu smoke test", check_smoke, (*base, "python", "torch")))
+    return steps
+
+
+def diagnose(
+    setup: Setup,
+    place: Place,
+    *,
+    gpu_smoke: bool = True,
+    on_check: Callable[[Check], None] | None = None,
+    steps: Sequence[Step] | None = None,
+) -> list[Check]:
+    """Run the checks in order; a check whose premise failed is reported as skipped."""
+    found = Findings()
+    results: dict[str, Check] = {}
+    for step in steps if steps is not None else plan(setup.target, gpu_smoke=gpu_smoke):
+        broken = [n for n in step.needs if n in results and not results[n].ok]
+        if broken:
+            check = Check(
+                name=step.name, ok=False, detail=f"skipped: needs {broken[0]}", skipped=True
+            )
+        else:
+            try:
+                check = step.run(setup, place, found)
+            except DflashError as exc:
+                check = from_error(step.name, exc)
+        results[step.name] = check
+        log.debug("check %s: %s", step.name, check.status, extra={"place": place.description})
+        if on_check is not None:
+            on_check(check)
+    return list(results.values())
+
+
+class PreflightFailed(DflashError):
+    """A cheap check before deploy failed; the message is the check's, the hint its fix."""
+
+
+def preflight(ws: Workspace) -> list[Check]:
+    """The cheap checks before `dflash deploy` acts on the place; raises on the first failure.
+
+    Opening `ws.place` is the reachability and container check (it raises the very errors that
+    `dflash doctor` reports for them); tmux and the job's python (it starts; torch is not
+    imported, to keep deploy fast) follow on the same connection. `PreflightFailed` carries the
+    failed check's message and fix, as `dflash doctor` prints them. The python check stays even
+    when `[job] command` replaces the trainer: the command gets it as `$DFLASH_PYTHON`.
+    """
+    setup = Setup.of(ws)
+    place = ws.place
+    steps = [s for s in plan(ws.target, cheap=True) if s.name in ("tmux", "python")]
+    checks = diagnose(setup, place, steps=steps)
+    for check in checks:
+        if not check.ok and not check.skipped:
+            raise PreflightFailed(f"{check.name}: {check.detail}", hint=check.fix)
+    return checks
+
+
+def all_ok(checks: Sequence[Check]) -> bool:
+    return all(c.ok for c in checks)

@@ -1,0 +1,226 @@
+"""The deploy lock of a target: one changing command (deploy, restart, stop, rollback) at a time.
+
+The lock is a symlink `<root>/deploy.lock` whose *target text* is the owner record (JSON: who,
+from which host, which process, since when, doing what). `ln -sT OWNER PATH` is one `symlink()`
+call: it either creates the link with its content or fails because it exists, so taking the lock
+and saying who holds it are one atomic step — through ssh and `pct exec` alike, with no window
+in which a lock exists without an owner. `readlink` reads the owner back.
+
+Staleness. The holder's pid is the *operator's* CLI process, on the operator's machine, not a
+process at the place. So a lock is judged stale only where that pid can be checked:
+
+- its host is this machine (`socket.gethostname()`) and no process with its pid exists; or
+- it is older than `[job] lock_max_age` seconds (default 6 h; by this machine's clock), wherever
+  its holder is — a deploy never takes that long, so its holder crashed or lost the connection.
+
+A stale lock is taken over with a warning; `--force` takes over any lock (with a warning naming
+the holder). A lock held by a live process elsewhere makes the command wait `[job] lock_wait`
+seconds, then fail with `LockHeld` naming the holder.
+
+Taking over renames the link aside (an atomic rename: of two commands taking over at once,
+only one moves it) and checks that what it moved is the record it judged; if a fresh lock was
+moved instead, it is put back. The lock is then taken the normal way, with `ln -sT`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from dflash_ops import shell
+from dflash_ops.errors import LockHeld, RemoteCommandFailed
+
+if TYPE_CHECKING:
+    from dflash_ops.place import Place
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = "deploy.lock"
+_HELD = 3  # exit status of the scripts below when someone else holds the lock
+
+# $1 root, $2 lock path, $3 owner text. Exit 0: taken; 3: held (stdout: the holder's record).
+_TAKE = (
+    'mkdir -p -- "$1"\n'
+    'if ln -sT -- "$3" "$2" 2>/dev/null; then exit 0; fi\n'
+    'if readlink -- "$2"; then exit 3; fi\n'
+    "exit 4\n"  # it vanished between ln and readlink: try again
+)
+
+# $1 lock path, $2 the stale record, $3 a token. Exit 0: the stale lock is gone; 3: it changed.
+_TAKE_OVER = (
+    'aside="$1.stale.$3"\n'
+    'mv -T -- "$1" "$aside" 2>/dev/null || exit 3\n'
+    'moved=$(readlink -- "$aside") || moved=""\n'
+    'if [ "$moved" = "$2" ]; then rm -f -- "$aside"; exit 0; fi\n'
+    'ln -sT -- "$moved" "$1" 2>/dev/null || true\n'
+    'rm -f -- "$aside"\n'
+    "exit 3\n"
+)
+
+# $1 lock path, $2 our record: removes the lock only if it is still ours.
+_RELEASE = 'if [ "$(readlink -- "$1")" = "$2" ]; then rm -f -- "$1"; fi\n'
+
+
+@dataclass(frozen=True, kw_only=True)
+class Owner:
+    """Who holds a lock. `host` + `pid` identify the CLI process on the operator's machine."""
+
+    by: str  # user@host
+    host: str
+    pid: int
+    since: float  # seconds since the epoch, the holder's clock
+    doing: str  # "deploy", "restart", …
+    token: str  # makes every record unique
+
+    @classmethod
+    def me(cls, doing: str) -> Owner:
+        host = socket.gethostname()
+        return cls(
+            by=f"{getpass.getuser()}@{host}",
+            host=host,
+            pid=os.getpid(),
+            since=time.time(),
+            doing=doing,
+            token=secrets.token_hex(4),
+        )
+
+    def text(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def parse(cls, text: str) -> Owner | None:
+        try:
+            data: Any = json.loads(text)
+            return cls(
+                by=str(data["by"]),
+                host=str(data["host"]),
+                pid=int(data["pid"]),
+                since=float(data["since"]),
+                doing=str(data["doing"]),
+                token=str(data["token"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def describe(self, *, now: float | None = None) -> str:
+        age = max(0.0, (now or time.time()) - self.since)
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
+        return f"{self.doing} by {self.by} (pid {self.pid}) since {since}, {age:.0f} s ago"
+
+    def stale_reason(self, *, max_age: float, now: float | None = None) -> str | None:
+        """Why this lock's holder is gone, or None while it may still be working."""
+        age = (now or time.time()) - self.since
+        if age > max_age:
+            return f"it is {age:.0f} s old (more than job.lock_max_age = {max_age:.0f} s)"
+        if self.host == socket.gethostname() and not _alive(self.pid):
+            return f"its process {self.pid} on {self.host} no longer exists"
+        return None
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+class DeployLock:
+    """The lock at `<root>/deploy.lock` on `place`."""
+
+    def __init__(
+        self,
+        place: Place,
+        root: str,
+        *,
+        wait: float = 10.0,
+        max_age: float = 6 * 3600.0,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        self.place = place
+        self.root = shell.remote_path(root)
+        self.path = f"{self.root}/{LOCK_NAME}"
+        self.wait = wait
+        self.max_age = max_age
+        self.warn = warn or (lambda message: log.warning("%s", message))
+
+    def holder(self) -> str | None:
+        """The raw record of the current holder, or None when the lock is free."""
+        result = self.place.run(["readlink", "--", self.path], check=False)
+        return result.stdout_text.rstrip("\n") if result.exit_code == 0 else None
+
+    @contextlib.contextmanager
+    def held(self, doing: str, *, force: bool = False) -> Iterator[Owner]:
+        owner = self.acquire(doing, force=force)
+        try:
+            yield owner
+        finally:
+            self.release(owner)
+
+    def acquire(self, doing: str, *, force: bool = False) -> Owner:
+        owner = Owner.me(doing)
+        deadline = time.monotonic() + self.wait
+        while True:
+            held = self._try(owner)
+            if held is None:
+                log.info("took the deploy lock", extra={"path": self.path, "doing": doing})
+                return owner
+            record = Owner.parse(held)
+            shown = record.describe() if record else f"an unreadable record {held!r}"
+            reason = record.stale_reason(max_age=self.max_age) if record else None
+            if force or reason:
+                why = "--force" if force else f"the lock is stale: {reason}"
+                self.warn(f"Taking over the deploy lock at {self.path} ({why}); it was {shown}.")
+                self._take_over(held)
+                continue
+            if time.monotonic() >= deadline:
+                raise LockHeld(
+                    f"The deploy lock at {self.path} on {self.place.description} is held: "
+                    f"{shown}. Waited {self.wait:g} s.",
+                    hint=(
+                        "Wait for that command to finish and run again. If its holder is gone "
+                        "(crashed on another machine), pass --force."
+                    ),
+                )
+            time.sleep(min(0.3, max(0.0, deadline - time.monotonic())))
+
+    def release(self, owner: Owner) -> None:
+        try:
+            self.place.run(["bash", "-c", _RELEASE, "dflash-unlock", self.path, owner.text()])
+        except Exception as exc:  # noqa: BLE001 - a failed release must not hide the real error
+            self.warn(f"Could not remove the deploy lock {self.path}: {exc}")
+
+    def _try(self, owner: Owner) -> str | None:
+        """Take the lock; None when taken, else the holder's record."""
+        while True:
+            result = self.place.run(
+                ["bash", "-c", _TAKE, "dflash-lock", self.root, self.path, owner.text()],
+                check=False,
+            )
+            if result.exit_code == 0:
+                return None
+            if result.exit_code == _HELD:
+                return result.stdout_text.rstrip("\n")
+            if result.exit_code != 4:
+                raise RemoteCommandFailed(
+                    self.place.description, result.argv, result.exit_code, result.stderr_text
+                )
+
+    def _take_over(self, record: str) -> None:
+        self.place.run(
+            ["bash", "-c", _TAKE_OVER, "dflash-takeover", self.path, record, secrets.token_hex(4)],
+            check=False,
+        )

@@ -1,0 +1,79 @@
+"""Every command's --help shows an example, and shell completion works for bash, zsh and fish."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+
+from dflash_ops.cli import app
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _commands(group: object, prefix: tuple[str, ...] = ()) -> list[str]:
+    """Every command path, subcommands of groups included ("checkpoints prune")."""
+    names = []
+    for name, command in sorted(getattr(group, "commands", {}).items()):
+        names.append(" ".join((*prefix, name)))
+        names += _commands(command, (*prefix, name))
+    return names
+
+
+COMMANDS = _commands(typer.main.get_command(app))
+
+
+def dflash(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "dflash_ops", *args],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_every_command_is_listed():
+    assert {"init", "doctor", "deploy", "logs", "status", "stop", "restart"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_shows_an_example(command):
+    args = ["--help"] if command is None else [*command.split(), "--help"]
+    result = dflash(*args)
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    example = "Quick start" if command is None else "Examples:"
+    assert example in text
+    assert f"dflash {command or 'deploy'}" in text.split(example, 1)[1]
+
+
+def test_root_help_documents_completion():
+    text = dflash("--help").stdout
+    assert "--install-completion" in text and "--show-completion" in text
+
+
+def test_bash_completion_of_a_command_name():
+    result = dflash(
+        env={"_DFLASH_COMPLETE": "complete_bash", "COMP_WORDS": "dflash do", "COMP_CWORD": "1"}
+    )
+    assert result.stdout.split() == ["doctor"]
+
+
+def test_zsh_completion_of_an_option():
+    result = dflash(
+        env={"_DFLASH_COMPLETE": "complete_zsh", "_TYPER_COMPLETE_ARGS": "dflash doctor --no-g"}
+    )
+    assert "--no-gpu-smoke" in result.stdout
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_show_completion_prints_a_script_for_the_shell(shell):
+    result = dflash("--show-completion", shell)
+    assert result.returncode == 0, result.stderr
+    assert "_DFLASH_COMPLETE" in result.stdout

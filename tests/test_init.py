@@ -1,0 +1,150 @@
+"""`dflash init`: the written deploy.toml loads with the project's loader and says what was found
+at the place; an existing file is kept unless --force."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dflash_ops import init
+from dflash_ops.config import TargetFlags, load_config, resolve_target
+from dflash_ops.place import HostPlace
+from dflash_ops.transport import LocalTransport
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def dflash(
+    folder: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    full = dict(os.environ if env is None else env, PYTHONPATH=str(REPO))
+    full.pop("DFLASH_CONFIG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "dflash_ops", *args],
+        cwd=folder,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def loaded(path: Path):
+    config = load_config(path)
+    return config, resolve_target(config, TargetFlags(), remembered=None)
+
+
+def nvidia_smi(tmp_path: Path, names: list[str]) -> dict[str, str]:
+    """An environment whose PATH has an `nvidia-smi` answering the query as a GPU box would."""
+    folder = tmp_path / "gpu-bin"
+    folder.mkdir()
+    script = folder / "nvidia-smi"
+    lines = "".join(f"{name}\n" for name in names)
+    script.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = --query-gpu=name ] && [ "$2" = --format=csv,noheader ] || exit 2\n'
+        f"printf '%s' '{lines}'\n"
+    )
+    script.chmod(0o755)
+    return dict(os.environ, PATH=f"{folder}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_local_init_writes_a_file_that_loads(tmp_path):
+    result = dflash(tmp_path, "init")
+    assert result.returncode == 0, result.stderr
+    config, target = loaded(tmp_path / "deploy.toml")
+    assert target.place == "local"
+    assert config.job.gpus == 0 and config.job.target_gpus == 0  # this machine: no nvidia-smi
+    assert config.train == {"demo": True}
+    text = (tmp_path / "deploy.toml").read_text()
+    assert "no nvidia-smi" in text and text.count("#") > 15  # commented
+
+
+def test_gpu_count_is_read_from_the_place_and_split(tmp_path):
+    env = nvidia_smi(tmp_path, ["NVIDIA H200"] * 8)
+    result = dflash(tmp_path, "init", "--model", "/models/Qwen3 8B", env=env)
+    assert result.returncode == 0, result.stderr
+    config, _ = loaded(tmp_path / "deploy.toml")
+    assert (config.job.gpus, config.job.target_gpus) == (8, 5)
+    assert config.train == {"model": {"target": "/models/Qwen3 8B"}}
+    assert "8 × NVIDIA H200" in (tmp_path / "deploy.toml").read_text()
+
+
+def test_count_gpus_at_a_place_without_nvidia_smi():
+    info = init.count_gpus(HostPlace(LocalTransport()))
+    assert info.count == 0 and "no nvidia-smi" in info.note
+
+
+def test_refuses_to_overwrite_then_force_overwrites(tmp_path):
+    path = tmp_path / "deploy.toml"
+    path.write_text("# mine\n")
+    refused = dflash(tmp_path, "init")
+    assert refused.returncode == 1
+    assert "already exists; not overwriting it" in refused.stderr and "--force" in refused.stderr
+    assert path.read_text() == "# mine\n"
+    forced = dflash(tmp_path, "init", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert path.read_text() != "# mine\n"
+    loaded(path)
+
+
+def test_config_flag_names_the_file(tmp_path):
+    result = dflash(tmp_path, "--config", "sub/other.toml", "init")
+    assert result.returncode == 0, result.stderr
+    loaded(tmp_path / "sub" / "other.toml")
+    assert not (tmp_path / "deploy.toml").exists()
+
+
+def test_ssh_and_proxmox_places(ssh_home, proxmox, tmp_path):
+    proxmox.create(200)
+    ssh = dflash(tmp_path, "--config", "ssh.toml", "init", "--host", "testbox", "--user", "root")
+    assert ssh.returncode == 0, ssh.stderr
+    _, target = loaded(tmp_path / "ssh.toml")
+    assert (target.place, target.host, target.user) == ("ssh", "testbox", "root")
+    assert "Could not" not in ssh.stderr
+    pve = dflash(tmp_path, "--config", "pve.toml", "init", "--host", "pvehost", "--ct", "200")
+    assert pve.returncode == 0, pve.stderr
+    config, target = loaded(tmp_path / "pve.toml")
+    assert (target.place, target.host, target.ct) == ("proxmox", "pvehost", 200)
+    assert config.job.gpus == 0
+
+
+def test_unreachable_place_still_writes_with_a_warning(ssh_home, tmp_path):
+    result = dflash(tmp_path, "init", "--host", "unknownbox")
+    assert result.returncode == 0, result.stderr
+    assert (
+        "Could not read the GPU count" in result.stderr and "--accept-new-host-key" in result.stderr
+    )
+    config, target = loaded(tmp_path / "deploy.toml")
+    assert target.host == "unknownbox" and config.job.gpus == 0
+
+
+def test_split_examples():
+    assert [init.suggest_split(g) for g in (0, 1, 2, 3, 4, 8, 16)] == [0, 0, 1, 2, 2, 5, 10]
+
+
+@given(st.integers(min_value=2, max_value=512))
+def test_split_leaves_a_drafter_gpu_and_stays_near_sixty_percent(gpus):
+    target = init.suggest_split(gpus)
+    assert 1 <= target <= gpus - 1
+    assert abs(target - 0.6 * gpus) <= 1
+
+
+@given(st.integers(min_value=0, max_value=64), st.sampled_from([None, "/m", 'a "q" \\ x']))
+def test_rendered_file_always_loads(tmp_path_factory, gpus, model):
+    path = tmp_path_factory.mktemp("render") / "deploy.toml"
+    plan = init.InitPlan(
+        place="proxmox", host="pve", user="root", port=2222, ct=200,
+        gpus=init.GpuInfo(count=gpus, names=("GPU",) * gpus), model=model,
+    )  # fmt: skip
+    path.write_text(init.render(plan))
+    config, target = loaded(path)
+    assert config.job.gpus == gpus and target.ct == 200 and target.port == 2222
+    assert config.job.target_gpus == init.suggest_split(gpus)
+    if model is not None:
+        assert config.train["model"]["target"] == model

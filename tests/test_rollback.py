@@ -1,0 +1,139 @@
+"""Releases with their completion marker, keep-last-5, `dflash releases`, `dflash rollback`,
+and two deploys at once, on the local place (real tar, real tmux, the real CLI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dflash_ops.errors import ReleaseError
+from dflash_ops.place import HostPlace
+from dflash_ops.release import COMPLETE, Releases, build_bundle
+from dflash_ops.transport import LocalTransport
+from tests.cli_helpers import REPO, Where, kill_tmux_server
+from tests.test_release import TRAIN, plan
+
+
+def push(releases: Releases, project: Path) -> str:
+    bundle = build_bundle(project, plan=plan(), train=TRAIN, target="local")
+    releases.deploy(bundle)
+    return bundle.release_id
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    folder = tmp_path / "project"
+    (folder / "trainer").mkdir(parents=True)
+    (folder / "trainer" / "train.py").write_text("print('train')\n")
+    return folder
+
+
+def test_only_marked_releases_count(tmp_path: Path, project: Path) -> None:
+    releases = Releases(HostPlace(LocalTransport()), str(tmp_path / "root"))
+    good = push(releases, project)
+    assert (tmp_path / "root" / "releases" / good / COMPLETE).is_file()
+    unmarked = plan().release_id  # unpacked by hand, never marked complete
+    (tmp_path / "root" / "releases" / unmarked).mkdir()
+    assert releases.list() == [good]
+    with pytest.raises(ReleaseError, match="not complete"):
+        releases.switch(unmarked)
+    assert releases.current() == good
+
+
+def test_keep_five_spares_current_and_rollback_target(tmp_path: Path, project: Path) -> None:
+    releases = Releases(HostPlace(LocalTransport()), str(tmp_path / "root"))
+    ids = [push(releases, project) for _ in range(3)]
+    releases.switch(ids[0])  # rolled back to the oldest
+    later = [push(releases, project) for _ in range(6)]
+    # current is the newest; `rollback` goes to the one deployed before it
+    assert releases.list() == sorted(later)[-5:]
+    assert releases.rollback_target() == later[-2]
+    # rolled back to an old release, a prune keeps it and the one before it
+    releases.switch(later[2])
+    assert releases.prune(releases.list(), keep=1) == [later[3], later[4]]
+    assert releases.list() == [later[1], later[2], later[5]]
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[Where]:
+    project = tmp_path / "project"
+    project.mkdir()
+    root = project / ".dflash" / "local"
+    spot = Where("local", project, [], root, root / "checkpoints", f"dft-{uuid.uuid4().hex[:10]}")
+    yield spot
+    kill_tmux_server(spot.socket)
+
+
+def wait_for(path: Path, text: str, timeout: float = 20) -> str:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        content = path.read_text() if path.exists() else ""
+        if text in content:
+            return content
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not in {path}")
+
+
+def test_releases_and_rollback_through_the_cli(local: Where) -> None:
+    local.config('echo "run of $DFLASH_RELEASE"; sleep 30')
+    assert local.run("deploy").returncode == 0
+    assert local.run("deploy", "--resume").returncode == 0
+    first, second = local.releases()
+    listing = json.loads(local.run("releases", "--json").stdout)
+    assert [r["id"] for r in listing["releases"]] == [first, second]
+    assert [r["current"] for r in listing["releases"]] == [False, True]
+    assert all(r["size"] > 0 and r["created"] for r in listing["releases"])
+    assert listing["releases"][0]["revision"] != ""
+    human = local.run("releases").stdout
+    assert f"* {second}" in human and f"  {first}" in human
+
+    rolled = local.run("rollback")
+    assert rolled.returncode == 0, rolled.stderr
+    assert os.readlink(local.root / "current") == f"releases/{first}"
+    log = local.checkpoints / "train_stdout.log"
+    assert wait_for(log, f"run of {first}").count(f"run of {first}") == 2  # resumed: same log
+    assert local.status()["running"] and local.status()["release"] == first
+
+    assert local.run("rollback", "--to", second).returncode == 0
+    assert local.status()["release"] == second
+    bad = local.run("rollback", "--to", "20200101-000000-000-abcd")
+    assert bad.returncode == 1 and "not a complete release" in bad.stderr
+    assert local.run("stop").returncode == 0
+
+
+def start(where: Where, *args: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen(
+        [sys.executable, "-m", "dflash_ops", *args],
+        cwd=where.project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_two_deploys_at_once_one_fails_naming_the_other(local: Where) -> None:
+    # The running job ignores SIGINT/SIGTERM: stopping it holds a deploy for stop_timeout (3 s).
+    local.config("trap '' INT TERM; echo up; sleep 60", extra="lock_wait = 0.5\n")
+    assert local.run("deploy").returncode == 0
+    wait_for(local.checkpoints / "train_stdout.log", "up")
+    a, b = start(local, "deploy", "--resume"), start(local, "deploy", "--resume")
+    (_, a_err), (_, b_err) = a.communicate(60), b.communicate(60)
+    codes = sorted([a.returncode, b.returncode])
+    assert codes == [0, 1], (a_err, b_err)
+    winner, loser_err = (a, b_err) if a.returncode == 0 else (b, a_err)
+    assert "deploy lock" in loser_err and "deploy by " in loser_err
+    assert f"pid {winner.pid}" in loser_err and "--force" in loser_err
+    assert len(local.releases()) == 2  # the loser built nothing at the place
+    assert not (local.root / "deploy.lock").is_symlink()
+    wait_for(local.checkpoints / "train_stdout.log", "up")
+    assert local.run("stop").returncode == 0
