@@ -61,6 +61,11 @@ def test_full_training_step_compiled_flex_and_chunked_loss(tmp_path) -> None:
     from trainer.pipeline import DrafterWorker, TargetWorker
     from trainer.target import load_target
 
+    # Dynamo's recompile limit counts per code object across the whole process, so entries
+    # compiled by other GPU tests in this process would count against this training run.
+    torch._dynamo.reset()
+    flex_kernels.cache_clear()
+    counters.clear()
     if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):  # eager fallback = failure
         torch._dynamo.config.fail_on_recompile_limit_hit = True
     _target(tmp_path / "t")
