@@ -168,7 +168,8 @@ class Job:
             # The pane's terminal is closed but no exit status yet. tmux 3.3 sometimes misses
             # the SIGCHLD of a pane process (seen on 3.3a: the process stays a zombie until the
             # next one); another SIGCHLD makes it reap and record the status.
-            self.place.run(["kill", "-s", "CHLD", str(server_pid)], check=False)
+            nudge = ["bash", "-c", 'kill -s CHLD "$1"', "dflash-nudge", str(server_pid)]
+            self.place.run(nudge, check=False)
             for _ in range(10):
                 current, _, _ = self._read_state()
                 if not current.running:

@@ -39,22 +39,36 @@ def wait_for_lines(log: Path, count: int, timeout: float = 30) -> None:
     raise AssertionError(f"fewer than {count} lines in {log}")
 
 
-@pytest.fixture
-def ssh_where(tmp_path: Path, ssh_home: object) -> Iterator[Where]:
+@pytest.fixture(params=["ssh", "proxmox"])
+def remote_where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
     project = tmp_path / "project"
     project.mkdir()
-    root, ckpt = tmp_path / "root", tmp_path / "ckpt"
-    spot = Where("ssh", project, ["--host", "testbox"], root, ckpt, f"dft-{uuid.uuid4().hex[:10]}")
-    spot.targets = (
-        f'[targets.box]\nplace = "ssh"\nhost = "testbox"\nroot = "{root}"\ncheckpoints = "{ckpt}"\n'
-    )
-    spot.flags = ["--target", "box"]
-    yield spot
-    kill_tmux_server(spot.socket)
+    socket = f"dft-{uuid.uuid4().hex[:10]}"
+    if request.param == "ssh":
+        request.getfixturevalue("ssh_home")
+        root, ckpt = tmp_path / "root", tmp_path / "ckpt"
+        spot = Where("ssh", project, ["--target", "box"], root, ckpt, socket)
+        spot.targets = (
+            f'[targets.box]\nplace = "ssh"\nhost = "testbox"\n'
+            f'root = "{root}"\ncheckpoints = "{ckpt}"\n'
+        )
+        yield spot
+        kill_tmux_server(socket)
+    else:
+        proxmox = request.getfixturevalue("proxmox")
+        proxmox.create(200)
+        yield Where(
+            "proxmox",
+            project,
+            ["--host", proxmox.alias, "--ct", "200"],
+            proxmox.root_dir(200) / "dflash",
+            proxmox.workspace_dir(200) / "checkpoints",
+            socket,
+        )
 
 
-def test_follow_survives_sshd_restart(ssh_where: Where, sshd) -> None:  # type: ignore[no-untyped-def]
-    where = ssh_where
+def test_follow_survives_sshd_restart(remote_where: Where, sshd) -> None:  # type: ignore[no-untyped-def]
+    where = remote_where
     where.config("for i in $(seq 1 60); do echo line $i; sleep 0.1; done; exit 4")
     assert where.run("deploy", *where.flags).returncode == 0
     log = where.checkpoints / "train_stdout.log"
