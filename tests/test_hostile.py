@@ -186,3 +186,33 @@ def test_passphrase_and_key_never_appear_in_verbose_output(
     assert passphrase not in text and "tok-s3cr3t-value" not in text
     body = "".join(key.read_text().splitlines()[1:-1])  # … but no key material is shown
     assert body[:40] not in text and "PRIVATE KEY" not in text
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=hostile, session=hostile, path=hostile)
+def test_config_strings_are_kept_literally_or_refused_naming_the_key(
+    tmp_path_factory: pytest.TempPathFactory, name: str, session: str, path: str
+) -> None:
+    """Target names, the session name and the target's paths, written into deploy.toml."""
+    from dflash_ops.config import TargetFlags, load_config, resolve_target
+    from dflash_ops.errors import ConfigError
+
+    folder = tmp_path_factory.mktemp("cfg")
+    table = {
+        "targets": {name: {"place": "ssh", "host": "box", "root": f"/r/{path}"}},
+        "job": {"session": session, "command": f"echo {path}"},
+    }
+    try:
+        text = toml_writer.dumps(table)
+    except (ValueError, UnsafeValue):
+        return  # a key TOML cannot hold
+    (folder / "deploy.toml").write_text(text, encoding="utf-8", errors="surrogateescape")
+    try:
+        config = load_config(folder / "deploy.toml")
+        target = resolve_target(config, TargetFlags(target=name), remembered=None)
+    except (ConfigError, UnsafeValue) as exc:
+        message = str(exc)
+        assert "job.session" in message or "root" in message or name in message, message
+        return
+    assert config.job.session == session and config.job.command == f"echo {path}"
+    assert target.root == shell.remote_path(f"/r/{path}")
