@@ -171,3 +171,35 @@ def test_full_disk_at_the_checkpoint_folder(tmp_path: Path) -> None:
     after = json.loads((report / "after.json").read_text())
     assert after["ok"] and after["step"] == 1  # the previous checkpoint, intact and verified
     assert not [n for n in (report / "ls.txt").read_text().split() if n.startswith(".tmp-step")]
+
+
+def test_container_stopped_in_the_middle_of_a_stop(tmp_path: Path, proxmox) -> None:  # type: ignore[no-untyped-def]
+    """`dflash stop` is waiting for a job that ignores SIGINT when the container is stopped:
+    the next command at the container fails with ContainerStopped and its fix."""
+    project = tmp_path / "project"
+    project.mkdir()
+    proxmox.create(240)
+    root = proxmox.root_dir(240) / "dflash"
+    where = Where("proxmox", project, ["--host", proxmox.alias, "--ct", "240"], root,
+                  proxmox.workspace_dir(240) / "checkpoints", f"dft-{uuid.uuid4().hex[:10]}")  # fmt: skip
+    where.config("trap '' INT TERM; echo up; sleep 60")
+    assert where.run("deploy", *where.flags).returncode == 0
+    end = time.monotonic() + 30
+    log = where.checkpoints / "train_stdout.log"
+    while not (log.exists() and "up" in log.read_text()) and time.monotonic() < end:
+        time.sleep(0.2)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dflash_ops", "stop"], cwd=project, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lock = root / "deploy.lock"  # appears once `stop` has opened the container and acts
+    end = time.monotonic() + 30
+    while not lock.is_symlink() and time.monotonic() < end:
+        time.sleep(0.02)
+    assert lock.is_symlink()
+    time.sleep(1.0)  # inside the 3 s SIGINT grace period of the job
+    proxmox.stop(240)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    assert "Container 240" in err and "not running" in err and "pct start 240" in err
