@@ -82,3 +82,30 @@ def test_checkpoints_folder_resolving_to_root_is_refused(place: HostPlace, tmp_p
         )
         assert result.exit_code == 3 and "refusing to delete" in result.stderr_text
     assert victim.is_dir() and Path("/usr").is_dir()
+
+
+def test_prune_through_the_cli(tmp_path: Path) -> None:
+    from tests.cli_helpers import dflash
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "deploy.toml").write_text('[job]\nsocket = "dft-prune"\ncommand = "true"\n')
+    ckpt = project / ".dflash" / "local" / "checkpoints"
+    make_archive(ckpt, ["20260101T000000.000Z", "20260102T000000.000Z"])
+    (ckpt / "step-5").mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "canary").write_text("alive")
+    (ckpt / "archive" / "00-link").symlink_to(outside)
+
+    listed = dflash(project, "checkpoints")
+    assert listed.returncode == 0 and "step-5/" in listed.stdout
+    pruned = dflash(project, "checkpoints", "prune", "--keep", "1")
+    assert pruned.returncode == 1, pruned.stderr  # one entry was refused
+    assert "Deleted archived run 20260101T000000.000Z" in pruned.stderr
+    assert "refusing to delete" in pruned.stderr and str(outside) in pruned.stderr
+    assert (outside / "canary").read_text() == "alive" and (ckpt / "step-5").is_dir()
+    assert sorted(p.name for p in (ckpt / "archive").iterdir()) == [
+        "00-link",
+        "20260102T000000.000Z",
+    ]

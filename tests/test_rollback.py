@@ -137,3 +137,18 @@ def test_two_deploys_at_once_one_fails_naming_the_other(local: Where) -> None:
     assert not (local.root / "deploy.lock").is_symlink()
     wait_for(local.checkpoints / "train_stdout.log", "up")
     assert local.run("stop").returncode == 0
+
+
+def test_stop_restart_rollback_wait_for_the_lock_and_force_takes_it(local: Where) -> None:
+    local.config("sleep 30", extra="lock_wait = 0.3\n")
+    local.root.mkdir(parents=True)
+    holder = {"by": "ann@laptop", "host": "laptop", "pid": 4242, "since": time.time(),
+              "doing": "deploy", "token": "feedbeef"}  # fmt: skip
+    (local.root / "deploy.lock").symlink_to(json.dumps(holder))
+    for command in ("stop", "restart", "rollback"):
+        held = local.run(command)
+        assert held.returncode == 1 and "deploy by ann@laptop (pid 4242)" in held.stderr
+        assert "--force" in held.stderr
+    forced = local.run("stop", "--force")
+    assert forced.returncode == 0 and "Taking over the deploy lock" in forced.stderr
+    assert "ann@laptop" in forced.stderr and not (local.root / "deploy.lock").is_symlink()

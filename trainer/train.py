@@ -71,6 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; resume by starting again with the same --out", file=sys.stderr)
         return 130
+    except OSError as exc:  # e.g. a full disk under --out: the complete checkpoints stay valid
+        print(
+            f"error: {exc.strerror or exc} ({exc.filename or args.out}); free space or fix the "
+            f"folder, then start again with the same --out: it resumes from the newest complete "
+            f"checkpoint",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
