@@ -41,6 +41,23 @@ _REMOVE_ARCHIVED = (
     'rm -rf -- "$target"\n'
 )
 
+# Moves every entry of folder $1 except `{ARCHIVE}/` into $2 (created only when there is
+# something to move) in one command at the place; prints `moved` when it moved anything.
+# Entries are the folder's own names (globs, hidden ones included), never paths from outside.
+_ARCHIVE = (
+    "set -e\n"
+    '[ -d "$1" ] || exit 0\n'
+    'cd -- "$1"; dest=$2; set --\n'
+    "for e in * .[!.]* ..?*; do\n"
+    '  { [ -e "$e" ] || [ -L "$e" ]; } || continue\n'
+    f'  [ "$e" = {ARCHIVE} ] || set -- "$@" "$e"\n'
+    "done\n"
+    '[ "$#" -gt 0 ] || exit 0\n'
+    'mkdir -p -- "$dest"\n'
+    'mv -- "$@" "$dest/"\n'
+    "echo moved\n"
+)
+
 # Names of the entries of folder $1, NUL-separated; nothing when the folder does not exist.
 _ENTRIES = (
     '[ -d "$1" ] || exit 0\n'
@@ -98,15 +115,10 @@ class Checkpoints:
 
         Returns None when there was nothing to move.
         """
-        live = [e.name for e in self.entries() if e.name != ARCHIVE]
-        if not live:
-            return None
         now = now or dt.datetime.now(dt.UTC)
         dest = f"{self.archive_dir}/{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z"
-        sources = [self._inside(name) for name in live]
-        self.place.run(["mkdir", "-p", "--", dest])
-        self.place.run(["mv", "--", *sources, dest + "/"])
-        return dest
+        result = self.place.run(["bash", "-c", _ARCHIVE, "dflash-archive", self.path, dest])
+        return dest if result.stdout.strip() == b"moved" else None
 
     def list(self) -> Listing:
         live = [e for e in self.entries() if e.name != ARCHIVE]

@@ -34,12 +34,17 @@ _PLACEHOLDER = ("sleep", "2147483647")
 # dead, closes it, and the job would then get SIGHUP.
 WRAPPER = 'exec >>"$DFLASH_LOG" 2>&1 || exit 125\ncd -- "$DFLASH_CWD" || exit 126\nexec "$@"\n'
 
+# Creates folder $1, then runs the rest of the arguments (a tmux argv): one command, not two.
+_MKDIR_THEN = 'mkdir -p -- "$1" || exit 125\nshift\nexec "$@"\n'
+
 # Sends a signal to a process group and waits (in 0.1 s ticks) until no live member is left.
 # Exit 0: the group is gone; 1: still alive after the wait. Zombies do not count: a pane
 # process that tmux has not reaped yet is already dead (`kill -0` would still see it).
+# /proc is scanned with the `read` builtin: a `cat` per process costs a fork each, seconds
+# on a busy machine with a few hundred processes.
 _SIGNAL_AND_WAIT = (
     "alive() { for f in /proc/[0-9]*/stat; do\n"
-    '  s=$(cat "$f" 2>/dev/null) || continue; s=${s##*) }\n'
+    '  { read -r s < "$f"; } 2>/dev/null || continue; s=${s##*) }\n'
     '  set -- $s; [ "$1" != Z ] && [ "$3" = "$PG" ] && return 0\n'
     "done; return 1; }\n"
     'PG=$2; kill -s "$1" -- "-$PG" 2>/dev/null || exit 0\n'
@@ -126,13 +131,18 @@ class Job:
 
     # tmux -------------------------------------------------------------------------------
 
-    def tmux(self, *args: str) -> TmuxResult:
-        """`tmux -L <socket> ARGS…`, locally through libtmux, elsewhere through the place."""
+    def tmux(self, *args: str, mkdir: str | None = None) -> TmuxResult:
+        """`tmux -L <socket> ARGS…`, locally through libtmux, elsewhere through the place.
+
+        `mkdir`: a folder to create first, in the same command at a remote place.
+        """
         args = tuple(a if a == ";" else tmux_arg(a) for a in args)
         # Only the subcommands: arguments may hold env values, which may be secrets.
         commands = [args[0], *(args[i + 1] for i, a in enumerate(args[:-1]) if a == ";")]
         log.debug("tmux -L %s %s on %s", self.socket, " ; ".join(commands), self.place.description)
         if self.local:
+            if mkdir is not None:
+                self.place.run(["mkdir", "-p", "--", mkdir])
             import libtmux
             from libtmux import exc as libtmux_exc
 
@@ -141,7 +151,10 @@ class Job:
             except libtmux_exc.TmuxCommandNotFound:
                 raise _tmux_missing("this machine") from None
             return TmuxResult(proc.returncode, "\n".join(proc.stdout), "\n".join(proc.stderr))
-        result = self.place.run(["tmux", "-L", self.socket, *args], check=False)
+        argv = ["tmux", "-L", self.socket, *args]
+        if mkdir is not None:
+            argv = ["bash", "-c", _MKDIR_THEN, "dflash-tmux", mkdir, *argv]
+        result = self.place.run(argv, check=False)
         if result.exit_code == 127:
             raise _tmux_missing(self.place.description)
         return TmuxResult(
@@ -178,7 +191,12 @@ class Job:
         return current
 
     def _read_state(self) -> tuple[JobState, int | None, bool]:
-        result = self.tmux("list-panes", "-t", f"={self.session}:", "-F", _FORMAT)
+        return self._parse_state(self.tmux(*self._list_panes()))
+
+    def _list_panes(self) -> tuple[str, ...]:
+        return ("list-panes", "-t", f"={self.session}:", "-F", _FORMAT)
+
+    def _parse_state(self, result: TmuxResult) -> tuple[JobState, int | None, bool]:
         if result.exit_code != 0:
             if any(m in result.stderr for m in _MISSING) or not result.stderr.strip():
                 gone = JobState(
@@ -215,7 +233,8 @@ class Job:
 
         Runs, in one tmux invocation:
         `new-session -d -s S sleep… ; set-option -w -t =S: remain-on-exit on ;
-        respawn-pane -k -t =S: -e K=V… -- bash -c WRAPPER dflash-job ARGV…`.
+        respawn-pane -k -t =S: -e K=V… -- bash -c WRAPPER dflash-job ARGV… ; list-panes …`
+        (at a remote place after `mkdir -p` of the log's folder, in the same command).
         A dead session left by an earlier run is removed first; a running one is refused.
         """
         if not argv:
@@ -227,30 +246,29 @@ class Job:
             )
         if current.exists:
             self.tmux("kill-session", "-t", f"={self.session}")
-        self.place.run(["mkdir", "-p", "--", _parent(self.log)])
         job_env = {shell.env_key(k): shell.env_value(v) for k, v in env.items()}
         job_env["DFLASH_LOG"] = shell.env_value(self.log)
         job_env["DFLASH_CWD"] = shell.env_value(cwd)
         env_args = [arg for k, v in job_env.items() for arg in ("-e", f"{k}={v}")]
         target = f"={self.session}:"
-        result = self.tmux(
+        # One command: make the log's folder, start, and read the new pane's state back.
+        start = (
             "new-session", "-d", "-s", self.session, "-x", "200", "-y", "50", *_PLACEHOLDER,
             ";", "set-option", "-w", "-t", target, "remain-on-exit", "on",
             ";", "respawn-pane", "-k", "-t", target, *env_args,
             "--", "bash", "-c", WRAPPER, "dflash-job", *argv,
+            ";", *self._list_panes(),
         )  # fmt: skip
+        result = self.tmux(*start, mkdir=_parent(self.log))
         if result.exit_code != 0 and _server_went_away(result) and not self.state().exists:
             # The server of a session just killed was still exiting and took the new one with it.
             time.sleep(0.3)
-            result = self.tmux(
-                "new-session", "-d", "-s", self.session, "-x", "200", "-y", "50", *_PLACEHOLDER,
-                ";", "set-option", "-w", "-t", target, "remain-on-exit", "on",
-                ";", "respawn-pane", "-k", "-t", target, *env_args,
-                "--", "bash", "-c", WRAPPER, "dflash-job", *argv,
-            )  # fmt: skip
+            result = self.tmux(*start, mkdir=_parent(self.log))
         self._check(result, "start the job")
         log.info("started job", extra={"session": self.session, "place": self.place.description})
-        return self.state()
+        started, _, dead = self._parse_state(result)
+        # A pane already dead without a status needs `state()`'s nudge; otherwise this is it.
+        return self.state() if dead and started.running else started
 
     def stop(self, *, timeout: float | None = None) -> JobState | None:
         """Interrupt the job, escalate, and end the session. Returns its last state, or None.

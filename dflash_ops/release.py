@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_ops import shell, toml_writer
-from dflash_ops.errors import ReleaseError, RemoteCommandFailed
+from dflash_ops.errors import ReleaseError
 from dflash_ops.launch import COMMAND_FILE, TRAIN_CONFIG, LaunchPlan, render
 
 if TYPE_CHECKING:
@@ -67,6 +67,10 @@ _SWITCH = (
     "mv -T -- .current.tmp current\n"
     "ls -1 -- releases\n"
 )
+
+# Both in one command (`Releases.push_and_switch`); the marker line says the unpack succeeded.
+_UNPACKED = b"unpacked"
+_PUSH_AND_SWITCH = _UNPACK + f"echo {_UNPACKED.decode()}\n" + _SWITCH
 
 # For every complete release: id, size in bytes, RELEASE.json squeezed onto one line; NUL-ended.
 _DESCRIBE = (
@@ -181,32 +185,59 @@ class Releases:
 
     def push(self, bundle: Bundle) -> None:
         """Unpack the bundle, streamed as one tar, into `releases/<id>.tmp`."""
-        try:
-            self.place.run(
-                ["bash", "-c", _UNPACK, "dflash-unpack", self.root, _checked(bundle.release_id)],
-                stdin=bundle.data,
-            )
-        except RemoteCommandFailed as exc:
-            raise ReleaseError(
-                f"Could not unpack release {bundle.release_id} into {self.root}/releases on "
-                f"{self.place.description}: {_last_line(exc.stderr)}",
-                hint="Check free space and permissions there; the current release is unchanged.",
-            ) from None
+        result = self.place.run(
+            ["bash", "-c", _UNPACK, "dflash-unpack", self.root, _checked(bundle.release_id)],
+            stdin=bundle.data,
+            check=False,
+        )
+        if result.exit_code != 0:
+            raise self._unpack_failed(bundle.release_id, result.stderr_text)
 
     def switch(self, release_id: str) -> list[str]:
         """Complete `release_id` and point `current` at it; returns every release, oldest first."""
-        try:
-            result = self.place.run(
-                ["bash", "-c", _SWITCH, "dflash-switch", self.root, _checked(release_id)]
-            )
-        except RemoteCommandFailed as exc:
-            raise ReleaseError(
-                f"Could not switch {self.current_path} to release {release_id} on "
-                f"{self.place.description}: {_last_line(exc.stderr)}",
-                hint=f"{self.current_path} must be a symlink (or absent); check it by hand.",
-            ) from None
-        names = result.stdout.decode("utf-8", "replace").splitlines()
-        return sorted(n for n in names if RELEASE_ID.fullmatch(n))
+        result = self.place.run(
+            ["bash", "-c", _SWITCH, "dflash-switch", self.root, _checked(release_id)], check=False
+        )
+        if result.exit_code != 0:
+            raise self._switch_failed(release_id, result.stderr_text)
+        return _release_names(result.stdout)
+
+    def push_and_switch(self, bundle: Bundle) -> list[str]:
+        """`push` then `switch` in ONE command at the place: over SSH every command starts the
+        user's shell, which costs more than the work itself. The same scripts, values as
+        arguments; an `unpacked` line between them tells which step failed."""
+        result = self.place.run(
+            [
+                "bash",
+                "-c",
+                _PUSH_AND_SWITCH,
+                "dflash-release",
+                self.root,
+                _checked(bundle.release_id),
+            ],
+            stdin=bundle.data,
+            check=False,
+        )
+        marker, _, names = result.stdout.partition(b"\n")
+        if result.exit_code != 0:
+            if marker == _UNPACKED:
+                raise self._switch_failed(bundle.release_id, result.stderr_text)
+            raise self._unpack_failed(bundle.release_id, result.stderr_text)
+        return _release_names(names)
+
+    def _unpack_failed(self, release_id: str, stderr: str) -> ReleaseError:
+        return ReleaseError(
+            f"Could not unpack release {release_id} into {self.root}/releases on "
+            f"{self.place.description}: {_last_line(stderr)}",
+            hint="Check free space and permissions there; the current release is unchanged.",
+        )
+
+    def _switch_failed(self, release_id: str, stderr: str) -> ReleaseError:
+        return ReleaseError(
+            f"Could not switch {self.current_path} to release {release_id} on "
+            f"{self.place.description}: {_last_line(stderr)}",
+            hint=f"{self.current_path} must be a symlink (or absent); check it by hand.",
+        )
 
     def prune(
         self, releases: list[str], *, keep: int = KEEP, current: str | None = None
@@ -222,9 +253,8 @@ class Releases:
         return old
 
     def deploy(self, bundle: Bundle, *, keep: int = KEEP) -> list[str]:
-        """push → switch → prune; returns the releases that were removed."""
-        self.push(bundle)
-        releases = self.switch(bundle.release_id)
+        """push → switch (one command) → prune; returns the releases that were removed."""
+        releases = self.push_and_switch(bundle)
         return self.prune(releases, keep=keep, current=bundle.release_id)
 
     def current(self) -> str | None:
@@ -307,6 +337,11 @@ def previous(releases: list[str], current: str | None) -> str | None:
     """The newest release older than `current` (ids sort by time), or None."""
     older = [r for r in sorted(releases) if current is not None and r < current]
     return older[-1] if older else None
+
+
+def _release_names(stdout: bytes) -> list[str]:
+    names = stdout.decode("utf-8", "replace").splitlines()
+    return sorted(n for n in names if RELEASE_ID.fullmatch(n))
 
 
 def _last_line(text: str) -> str:

@@ -26,13 +26,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol, runtime_checkable
-
-import paramiko
+from typing import TYPE_CHECKING, BinaryIO, Protocol, runtime_checkable
 
 from dflash_ops import shell
 from dflash_ops.errors import CommandTimedOut, ConnectionFailed
-from dflash_ops.ssh_config import Connection, SSHTarget, connect, resolve
+
+if TYPE_CHECKING:  # paramiko (~0.1-0.3 s to import) loads only when an SSH command runs
+    import paramiko
+
+    from dflash_ops.ssh_config import Connection, SSHTarget
 
 CHUNK = 64 * 1024
 Stdin = bytes | bytearray | memoryview | BinaryIO | None
@@ -291,6 +293,8 @@ class SSHTransport:
         proxy_jump: str | None = None,
         accept_new_host_key: bool = False,
     ) -> None:
+        from dflash_ops.ssh_config import SSHTarget, resolve
+
         if isinstance(host, SSHTarget):
             self.target = host
         else:
@@ -310,6 +314,8 @@ class SSHTransport:
     def _connection(self) -> Connection:
         with self._lock:
             if self._conn is None:
+                from dflash_ops.ssh_config import connect
+
                 self._conn = connect(self.target, accept_new_host_key=self.accept_new_host_key)
                 self.connections_opened += 1
             elif not self._conn.is_active():
@@ -332,6 +338,8 @@ class SSHTransport:
         return self._conn is not None and self._conn.is_active()
 
     def _open(self, args: tuple[str, ...]) -> paramiko.Channel:
+        import paramiko
+
         conn = self._connection()
         try:
             channel = conn.transport.open_session(timeout=self.target.connect_timeout)
@@ -389,6 +397,8 @@ class SSHTransport:
 
     @staticmethod
     def _feed(channel: paramiko.Channel, stdin: Stdin) -> None:
+        import paramiko
+
         try:
             for chunk in _chunks_of(stdin):
                 channel.sendall(chunk)
@@ -397,6 +407,8 @@ class SSHTransport:
             pass  # the command ended (or the connection died) before reading all input
 
     def stream(self, argv: Sequence[str]) -> StreamResult:
+        import paramiko
+
         args = _argv(argv)
         channel = self._open(args)
         channel.shutdown_write()

@@ -178,6 +178,28 @@ def test_interrupted_push_keeps_current_and_is_cleaned(
     assert not list((tmp_path / "root" / "releases").glob("*.tmp"))
 
 
+def test_deploy_in_one_command_names_the_step_that_failed(
+    releases: Releases, project: Path, tmp_path: Path
+) -> None:
+    """`deploy` unpacks and switches in one command; its error still says which step failed."""
+    good = push(releases, project)
+    broken = build_bundle(project, plan=plan(), train=TRAIN, target="local")
+    truncated = type(broken)(release_id=broken.release_id, data=broken.data[:700], meta={})
+    with pytest.raises(ReleaseError, match="Could not unpack") as unpack:
+        releases.deploy(truncated)
+    assert "current release is unchanged" in unpack.value.hint
+    assert releases.current() == good
+
+    current = tmp_path / "root" / "current"
+    current.unlink()
+    current.mkdir()  # a folder where the link belongs: `mv -T` cannot replace it
+    fresh = build_bundle(project, plan=plan(), train=TRAIN, target="local")
+    with pytest.raises(ReleaseError, match=f"Could not switch .* to release {fresh.release_id}"):
+        releases.deploy(fresh)
+    assert current.is_dir() and not current.is_symlink()
+    assert (tmp_path / "root" / "releases" / fresh.release_id / ".complete").exists()
+
+
 def test_prune_never_removes_current(releases: Releases, project: Path) -> None:
     ids = [push(releases, project) for _ in range(3)]
     releases.switch(ids[0])
