@@ -85,8 +85,8 @@ class HostPlace:
         return self.transport.stream(argv)
 
     def ensure_ready(self) -> None:
-        """Open the connection now (host key, authentication) by running `true`."""
-        self.run(["true"])
+        """Open the connection now (host key, authentication); no command runs for it."""
+        self.transport.connect()
 
     def close(self) -> None:
         self.transport.close()

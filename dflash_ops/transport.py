@@ -73,6 +73,8 @@ class Transport(Protocol):
 
     def stream(self, argv: Sequence[str]) -> StreamResult: ...
 
+    def connect(self) -> None: ...  # open the connection now (nothing to do locally)
+
     def close(self) -> None: ...
 
 
@@ -270,6 +272,9 @@ class LocalTransport:
 
         return StreamResult(args, chunks(), finish, abort)
 
+    def connect(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -324,6 +329,11 @@ class SSHTransport:
                     hint="Call reconnect() (the CLI does so with backoff) or run the command again.",
                 )
             return self._conn
+
+    def connect(self) -> None:
+        """Open the connection now (host key check, authentication) without running a command:
+        each command starts the user's shell at the server, which can cost more than the rest."""
+        self._connection()
 
     def reconnect(self) -> None:
         """Drop the current connection (if any) and open a new one now."""
