@@ -108,6 +108,10 @@ def test_eval_errors(deployed: Deployed, tmp_path: Path) -> None:
 
     relative = dflash(deployed.project, "eval", "--prompts", "prompts.jsonl")
     assert relative.returncode == 1 and "absolute" in relative.stderr
+    outside = dflash(
+        deployed.project, "eval", "--prompts", str(deployed.prompts), "--checkpoint", "../x"
+    )
+    assert outside.returncode == 1 and "absolute" in outside.stderr
 
     broken = tmp_path / "broken.jsonl"
     broken.write_text("this is not json\n")
@@ -133,8 +137,9 @@ def test_eval_over_ssh(deployed: Deployed, ssh_home: object, tmp_path: Path) -> 
         f'checkpoints = "{deployed.checkpoints}"\npython = "{sys.executable}"\n'
     )
     write_config(tmp_path, deployed.socket, box)
+    newest = max(deployed.checkpoints.glob("step-*"))  # an absolute path at the place
     result = dflash(
-        tmp_path, "eval", "--target", "box", "--host", "testbox",
+        tmp_path, "eval", "--target", "box", "--host", "testbox", "--checkpoint", str(newest),
         "--prompts", str(deployed.prompts), "--max-new-tokens", "8", "--json",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
