@@ -126,3 +126,9 @@ class JobRunning(DflashError):
     """A job session is already running where a new one would start."""
 
     hint = "Stop it first with: dflash stop (or use dflash restart)."
+
+
+class EvaluationError(DflashError):
+    """`dflash eval` could not start, or the evaluator at the place failed."""
+
+    hint = "Check the path at the place, then run again (dflash checkpoints lists the runs)."

@@ -10,6 +10,7 @@
     dflash releases
     dflash rollback [--to ID]
     dflash checkpoints [prune --keep N]
+    dflash eval --prompts PATH [--checkpoint NAME] [--max-new-tokens N] [--limit N] [--json]
 
 Every failure is one message, a hint and a non-zero exit (`main` catches `DflashError`).
 """
@@ -26,6 +27,7 @@ from dflash_ops.cli import (
     control,
     deploy,
     doctor,
+    eval,
     init,
     logs,
     output,
@@ -44,7 +46,7 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-for group in (init, doctor, deploy, logs, status, control, releases, checkpoints):
+for group in (init, doctor, deploy, logs, status, control, releases, checkpoints, eval):
     app.add_typer(group.app)
 
 

@@ -1,0 +1,91 @@
+"""`dflash eval`: measure the drafter by speculative decoding at the place (τ, lossless)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dflash_ops import evaluation
+from dflash_ops.cli import output
+from dflash_ops.cli.context import workspace
+from dflash_ops.cli.options import (
+    AcceptKeyOption,
+    CtOption,
+    HostOption,
+    PortOption,
+    TargetOption,
+    UserOption,
+    target_flags,
+)
+
+app = typer.Typer()
+
+
+@app.command(name="eval")
+def eval_(
+    ctx: typer.Context,
+    prompts: Annotated[
+        str,
+        typer.Option("--prompts", help="Prompt JSONL at the place (absolute path)."),
+    ],
+    checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoint",
+            help="step-XXXXXXXX in the checkpoints folder, or an absolute path at the place "
+            "(default: the newest verified checkpoint).",
+        ),
+    ] = None,
+    max_new_tokens: Annotated[
+        int | None, typer.Option("--max-new-tokens", min=1, help="Tokens to decode per prompt.")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="Use the first N prompts only.")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the evaluator's report as one JSON object.")
+    ] = False,
+    target: TargetOption = None,
+    host: HostOption = None,
+    user: UserOption = None,
+    port: PortOption = None,
+    ct: CtOption = None,
+    accept_new_host_key: AcceptKeyOption = False,
+) -> None:
+    """Decode with the drafter at the place: τ, acceptance per slot, speed-up, lossless check.
+
+    Runs `python -m trainer.evaluate` in the foreground, in the current release with its
+    train.toml, the target's python and the [job] env; prints its report and exits with its
+    exit code (2 when it fails, e.g. a lossless violation).
+
+    \b
+    Examples:
+      dflash eval --prompts /data/heldout.jsonl
+      dflash eval --prompts /data/heldout.jsonl --checkpoint step-00000300 --limit 16
+      dflash eval --prompts /data/heldout.jsonl --max-new-tokens 128 --json
+    """
+    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
+    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
+    request = evaluation.EvalRequest(
+        prompts=prompts,
+        checkpoint=checkpoint,
+        max_new_tokens=max_new_tokens,
+        limit=limit,
+        as_json=as_json,
+    )
+    try:
+        stream = evaluation.start(ws, request)
+        try:
+            for chunk in stream:
+                output.write_bytes(chunk)
+        except KeyboardInterrupt:
+            stream.close()
+            output.info("Interrupted; the evaluation was stopped.")
+            raise typer.Exit(130) from None
+        code = stream.exit_code or 0
+        if code != 0:
+            output.error(evaluation.failure(ws, stream))
+    finally:
+        ws.close()
+    raise typer.Exit(code)

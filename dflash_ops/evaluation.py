@@ -1,0 +1,99 @@
+"""`dflash eval`: run `python -m trainer.evaluate` at the place, in the current release.
+
+The evaluator runs in the foreground (not in the job's tmux session), from `<root>/current` with
+the target's python and the `[job] env`, on the release's own `train.toml`, so it judges the
+drafter with exactly the code and settings that trained it. Its stdout streams back as it comes;
+its stderr is read at the end (its last line is the one-line error of a failed run).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from dflash_ops import shell
+from dflash_ops.errors import EvaluationError
+from dflash_ops.launch import TRAIN_CONFIG
+from dflash_ops.transport import StreamResult
+from dflash_ops.workspace import Workspace
+
+# A bare checkpoint name (`step-00000300`, or a run folder's name) resolves inside the
+# checkpoints folder; anything with a slash must be an absolute path at the place.
+_BARE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+# Enter the release, then run argv as given: every value stays a literal argv element.
+_IN_RELEASE = 'cd -P -- "$1" && shift && exec "$@"'
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalRequest:
+    prompts: str  # a JSONL path at the place
+    checkpoint: str | None = None  # None: the checkpoints folder (its newest verified one)
+    max_new_tokens: int | None = None
+    limit: int | None = None
+    as_json: bool = False
+
+
+def checkpoint_path(ws: Workspace, checkpoint: str | None) -> str:
+    """The checkpoint folder at the place that `checkpoint` names."""
+    folder = ws.target.checkpoints
+    if checkpoint is None:
+        return folder
+    if _BARE_NAME.fullmatch(checkpoint) and checkpoint not in (".", ".."):
+        return f"{folder}/{checkpoint}"
+    return shell.remote_path(checkpoint)
+
+
+def evaluator_argv(ws: Workspace, request: EvalRequest, *, checkpoint: str) -> list[str]:
+    """`bash -c 'cd current; exec …' env K=V… python -m trainer.evaluate …` as one argv."""
+    current = f"{ws.target.root}/current"
+    env = [f"{shell.env_key(k)}={shell.env_value(v)}" for k, v in ws.config.job.env.items()]
+    args = [
+        ws.target.python, "-m", "trainer.evaluate", "--config", TRAIN_CONFIG,
+        "--checkpoint", checkpoint, "--prompts", request.prompts,
+    ]  # fmt: skip
+    if request.max_new_tokens is not None:
+        args += ["--max-new-tokens", str(request.max_new_tokens)]
+    if request.limit is not None:
+        args += ["--limit", str(request.limit)]
+    if request.as_json:
+        args.append("--json")
+    return ["bash", "-c", _IN_RELEASE, "dflash-eval", current, "env", *env, *args]
+
+
+def _require(ws: Workspace, test: str, path: str, what: str, hint: str) -> None:
+    found = ws.place.run(["test", test, path], check=False)
+    if found.exit_code != 0:
+        raise EvaluationError(f"{what} {path} does not exist on {ws.target.describe()}.", hint=hint)
+
+
+def start(ws: Workspace, request: EvalRequest) -> StreamResult:
+    """Check what the evaluator needs, then start it; the caller drains the stream."""
+    ws.releases().require_current()  # ReleaseError: "Deploy first"
+    prompts = shell.remote_path(request.prompts)
+    checkpoint = checkpoint_path(ws, request.checkpoint)
+    _require(
+        ws, "-f", prompts, "The prompts file",
+        "Pass --prompts with a JSONL file at the place (the training formats).",
+    )  # fmt: skip
+    _require(
+        ws, "-d", checkpoint, "The checkpoint",
+        "List them with: dflash checkpoints (a step-XXXXXXXX name, or an absolute path).",
+    )  # fmt: skip
+    request = EvalRequest(
+        prompts=prompts,
+        checkpoint=checkpoint,
+        max_new_tokens=request.max_new_tokens,
+        limit=request.limit,
+        as_json=request.as_json,
+    )
+    return ws.place.stream(evaluator_argv(ws, request, checkpoint=checkpoint))
+
+
+def failure(ws: Workspace, stream: StreamResult) -> EvaluationError:
+    """The error of a finished evaluator run that exited non-zero: its last stderr line."""
+    text = stream.stderr.decode("utf-8", "replace").strip()
+    detail = text.splitlines()[-1] if text else "no error output"
+    return EvaluationError(
+        f"The evaluator failed on {ws.target.describe()} (exit {stream.exit_code}): {detail}",
+        hint="Fix what it names, then run again (python -m trainer.evaluate --help at the place).",
+    )

@@ -1,0 +1,146 @@
+"""`dflash eval` end to end: a tiny demo run deployed on this machine, then evaluated at the place
+through the CLI (and once through the loopback SSH host), plus its error cases."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import REPO, dflash, kill_tmux_server
+
+BLOCK = 4
+# The smallest demo that still trains: 8 samples from a 2-layer target, 20 steps, 2 checkpoints.
+TRAIN = f"""
+[train]
+demo = {{ enabled = true, num_samples = 8, num_layers = 2, prompt_len = 6, gen_len = 18 }}
+model = {{ num_layers = 1, block_size = {BLOCK}, num_target_layers = 2 }}
+data = {{ batch_size = 8, num_anchors = 8, bucket = 32, max_len = 32, noise = 0.0 }}
+optim = {{ lr = 1e-2, warmup_steps = 5, weight_decay = 0.0 }}
+run = {{ steps = 20, checkpoint_every = 10, device = "cpu", threads = 1, log_every = 10 }}
+"""
+
+
+@dataclass
+class Deployed:
+    project: Path
+    root: Path
+    checkpoints: Path
+    prompts: Path  # two demo samples, written at the place
+    socket: str
+
+
+def write_config(project: Path, socket: str, extra: str = "") -> None:
+    (project / "deploy.toml").write_text(
+        f'{extra}\n[job]\nsocket = "{socket}"\nstop_timeout = 3\n{TRAIN}'
+    )
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+    project = tmp_path_factory.mktemp("eval-project")
+    socket = f"dft-{uuid.uuid4().hex[:10]}"
+    write_config(project, socket)
+    shutil.copytree(
+        REPO / "trainer", project / "trainer", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    try:
+        result = dflash(project, "deploy")
+        assert result.returncode == 0, result.stderr
+        followed = dflash(project, "logs", "--follow", timeout=300)
+        assert followed.returncode == 0, followed.stdout[-2000:]
+        root = project / ".dflash" / "local"
+        checkpoints = root / "checkpoints"
+        lines = (root / "demo-assets" / "train.jsonl").read_text().splitlines()[:2]
+        prompts = project / "prompts.jsonl"
+        prompts.write_text("\n".join(lines) + "\n")
+        yield Deployed(project, root, checkpoints, prompts, socket)
+    finally:
+        kill_tmux_server(socket)
+
+
+def check_report(stdout: str) -> dict:
+    report = json.loads(stdout)
+    assert report["tau"] >= 1.0
+    assert report["lossless_checked"] is True
+    assert len(report["slot_acceptance"]) == report["block_size"] - 1 == BLOCK - 1
+    assert report["prompts"] == 2
+    return report
+
+
+def test_eval_json_on_the_newest_and_a_named_checkpoint(deployed: Deployed) -> None:
+    names = sorted(p.name for p in deployed.checkpoints.glob("step-*"))
+    assert len(names) == 2, names
+    newest = dflash(
+        deployed.project, "eval", "--prompts", str(deployed.prompts),
+        "--max-new-tokens", "8", "--json",
+    )  # fmt: skip
+    assert newest.returncode == 0, newest.stderr
+    report = check_report(newest.stdout)
+    assert report["new_tokens"] == 2 * 8
+
+    named = dflash(
+        deployed.project, "eval", "--prompts", str(deployed.prompts),
+        "--checkpoint", names[0], "--max-new-tokens", "8", "--limit", "1",
+    )  # fmt: skip
+    assert named.returncode == 0, named.stderr
+    assert named.stdout.startswith("tau ") and "| lossless\n" in named.stdout
+    assert "1 prompts, B=4" in named.stdout
+
+
+def test_eval_errors(deployed: Deployed, tmp_path: Path) -> None:
+    missing = dflash(deployed.project, "eval", "--prompts", str(tmp_path / "nope.jsonl"))
+    assert missing.returncode == 1
+    assert "prompts file" in missing.stderr and "does not exist" in missing.stderr
+    assert "hint:" in missing.stderr
+
+    no_step = dflash(
+        deployed.project, "eval", "--prompts", str(deployed.prompts),
+        "--checkpoint", "step-99999999",
+    )  # fmt: skip
+    assert no_step.returncode == 1 and "dflash checkpoints" in no_step.stderr
+
+    relative = dflash(deployed.project, "eval", "--prompts", "prompts.jsonl")
+    assert relative.returncode == 1 and "absolute" in relative.stderr
+    outside = dflash(
+        deployed.project, "eval", "--prompts", str(deployed.prompts), "--checkpoint", "../x"
+    )
+    assert outside.returncode == 1 and "absolute" in outside.stderr
+
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("this is not json\n")
+    failed = dflash(deployed.project, "eval", "--prompts", str(broken))
+    assert failed.returncode == 2, failed.stderr
+    assert "evaluator failed" in failed.stderr and "(exit 2)" in failed.stderr
+    assert "error:" in failed.stderr and failed.stdout == ""
+
+
+def test_eval_without_a_release(tmp_path: Path) -> None:
+    write_config(tmp_path, f"dft-{uuid.uuid4().hex[:10]}")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("{}\n")
+    result = dflash(tmp_path, "eval", "--prompts", str(prompts))
+    assert result.returncode == 1
+    assert "Nothing is deployed" in result.stderr and "Deploy first" in result.stderr
+
+
+def test_eval_over_ssh(deployed: Deployed, ssh_home: object, tmp_path: Path) -> None:
+    """The same deployment seen through the loopback SSH host."""
+    box = (
+        f'[targets.box]\nplace = "ssh"\nhost = "elsewhere"\nroot = "{deployed.root}"\n'
+        f'checkpoints = "{deployed.checkpoints}"\npython = "{sys.executable}"\n'
+    )
+    write_config(tmp_path, deployed.socket, box)
+    newest = max(deployed.checkpoints.glob("step-*"))  # an absolute path at the place
+    result = dflash(
+        tmp_path, "eval", "--target", "box", "--host", "testbox", "--checkpoint", str(newest),
+        "--prompts", str(deployed.prompts), "--max-new-tokens", "8", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    check_report(result.stdout)
