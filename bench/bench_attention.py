@@ -20,14 +20,12 @@ import torch
 import torch.nn.functional as F
 from common import (
     ANCHOR_TFLOPS,
-    environment,
     is_oom,
-    markdown,
     peak_gib,
     repo_on_path,
+    report,
     sync,
     time_ms,
-    write,
 )
 
 repo_on_path()
@@ -254,22 +252,16 @@ def main() -> None:
     if raw and ours.get("fwd+bwd ms"):
         summary["ours / raw flex"] = ours["fwd+bwd ms"] / raw["fwd+bwd ms"]
 
-    columns = ["implementation", "fwd+bwd ms", "peak GiB", "mask build ms", "mask GiB", "note"]
-    print(f"shape {asdict(shape)} dtype {dtype} on {device}")
-    print(markdown(rows, columns))
-    for key, value in summary.items():
-        print(f"- {key}: {value}")
-    write(
+    report(
         args.out,
-        {
-            "shape": asdict(shape),
-            "dtype": str(dtype),
-            "env": environment(device),
-            "rows": rows,
-            "summary": summary,
-        },
+        title=f"shape {asdict(shape)} dtype {dtype} on {device}",
+        shape=asdict(shape),
+        dtype=dtype,
+        device=device,
+        rows=rows,
+        columns=["implementation", "fwd+bwd ms", "peak GiB", "mask build ms", "mask GiB", "note"],
+        summary=summary,
     )
-
 
 if __name__ == "__main__":
     main()

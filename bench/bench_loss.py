@@ -25,13 +25,11 @@ import torch
 import torch.nn.functional as F
 from common import (
     ANCHOR_TFLOPS,
-    environment,
     is_oom,
-    markdown,
     peak_gib,
     repo_on_path,
+    report,
     time_ms,
-    write,
 )
 
 repo_on_path()
@@ -267,35 +265,25 @@ def main() -> None:
         "anchor TFLOP/s": ANCHOR_TFLOPS,
         "reference": ref_source,
     }
-    print(f"shape {asdict(shape)} dtype {dtype} on {device}, lm_head frozen")
-    print(
-        markdown(
-            rows,
-            [
-                "implementation",
-                "ms",
-                "peak extra GiB",
-                "grad rel diff",
-                "GEMMs",
-                "floor ms",
-                "fraction of floor",
-                "note",
-            ],
-        )
-    )
-    for key, value in summary.items():
-        print(f"- {key}: {value}")
-    write(
+    report(
         args.out,
-        {
-            "shape": asdict(shape),
-            "dtype": str(dtype),
-            "env": environment(device),
-            "rows": rows,
-            "summary": summary,
-        },
+        title=f"shape {asdict(shape)} dtype {dtype} on {device}, lm_head frozen",
+        shape=asdict(shape),
+        dtype=dtype,
+        device=device,
+        rows=rows,
+        columns=[
+            "implementation",
+            "ms",
+            "peak extra GiB",
+            "grad rel diff",
+            "GEMMs",
+            "floor ms",
+            "fraction of floor",
+            "note",
+        ],
+        summary=summary,
     )
-
 
 if __name__ == "__main__":
     main()

@@ -98,3 +98,23 @@ def environment(device: torch.device) -> dict[str, Any]:
         except ImportError:
             env["triton"] = None
     return env
+
+
+def report(
+    out: str | None,
+    *,
+    title: str,
+    shape: dict[str, Any],
+    dtype: torch.dtype,
+    device: torch.device,
+    rows: list[dict[str, Any]],
+    columns: list[str],
+    summary: dict[str, Any],
+) -> None:
+    """Print the table and its summary, and write them with the environment as JSON to `out`."""
+    print(title)
+    print(markdown(rows, columns))
+    for key, value in summary.items():
+        print(f"- {key}: {value}")
+    payload = {"shape": shape, "dtype": str(dtype), "env": environment(device)}
+    write(out, {**payload, "rows": rows, "summary": summary})
