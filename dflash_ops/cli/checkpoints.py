@@ -19,7 +19,6 @@ from dflash_ops.cli.options import (
     PortOption,
     TargetOption,
     UserOption,
-    target_flags,
 )
 
 app = typer.Typer()
@@ -51,12 +50,16 @@ def checkpoints(
     """
     if ctx.invoked_subcommand is not None:
         return
-    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
-    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
-    try:
+    with workspace(
+        ctx,
+        target=target,
+        host=host,
+        user=user,
+        port=port,
+        ct=ct,
+        accept_new_host_key=accept_new_host_key,
+    ) as ws:
         listing = ws.checkpoints().list()
-    finally:
-        ws.close()
     if as_json:
         print(json.dumps({"path": ws.target.checkpoints, **dataclasses.asdict(listing)}))
         return
@@ -97,12 +100,16 @@ def prune(
     Examples:
       dflash checkpoints prune --keep 3
     """
-    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
-    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
-    try:
+    with workspace(
+        ctx,
+        target=target,
+        host=host,
+        user=user,
+        port=port,
+        ct=ct,
+        accept_new_host_key=accept_new_host_key,
+    ) as ws:
         report = ws.checkpoints().prune(keep=keep)
-    finally:
-        ws.close()
     for stamp in report.deleted:
         output.info(f"Deleted archived run {stamp}")
     for message in report.refused:

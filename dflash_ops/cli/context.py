@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,10 +19,29 @@ class Globals:
     verbose: bool = False
 
 
+@contextmanager
 def workspace(
-    ctx: typer.Context, flags: TargetFlags, *, accept_new_host_key: bool = False
-) -> Workspace:
+    ctx: typer.Context,
+    *,
+    target: str | None,
+    host: str | None,
+    user: str | None,
+    port: int | None,
+    ct: int | None,
+    accept_new_host_key: bool = False,
+) -> Iterator[Workspace]:
+    """The command's Workspace from the root options and its target flags; closed on exit.
+
+    Every command that acts on a target takes the same six flags (cli/options.py); this is
+    the one place they become a `TargetFlags` and the connection is released.
+    """
     root = ctx.find_object(Globals) or Globals()
-    return Workspace.load(
-        config_file=root.config, flags=flags, accept_new_host_key=accept_new_host_key
+    ws = Workspace.load(
+        config_file=root.config,
+        flags=TargetFlags(target=target, host=host, user=user, port=port, ct=ct),
+        accept_new_host_key=accept_new_host_key,
     )
+    try:
+        yield ws
+    finally:
+        ws.close()

@@ -17,7 +17,6 @@ from dflash_ops.cli.options import (
     PortOption,
     TargetOption,
     UserOption,
-    target_flags,
 )
 
 app = typer.Typer()
@@ -43,12 +42,16 @@ def stop(
       dflash stop
       dflash stop --target gpu-box
     """
-    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
-    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
-    try:
+    with workspace(
+        ctx,
+        target=target,
+        host=host,
+        user=user,
+        port=port,
+        ct=ct,
+        accept_new_host_key=accept_new_host_key,
+    ) as ws:
         final = operations.stop(ws, force=force, say=output.warn)
-    finally:
-        ws.close()
     where = ws.target.describe()
     if final is None:
         output.info(f"No job session {ws.config.job.session!r} on {where}: nothing to stop.")
@@ -83,12 +86,16 @@ def restart(
       dflash restart
       dflash restart --clean
     """
-    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
-    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
-    try:
+    with workspace(
+        ctx,
+        target=target,
+        host=host,
+        user=user,
+        port=port,
+        ct=ct,
+        accept_new_host_key=accept_new_host_key,
+    ) as ws:
         report = operations.restart(ws, clean=clean, force=force, say=output.warn)
-    finally:
-        ws.close()
     if report.archived:
         output.info(f"Archived the checkpoints into {report.archived}.")
     output.success(f"Restarted job {report.started.session!r} on release {report.release}.")

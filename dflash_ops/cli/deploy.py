@@ -17,7 +17,6 @@ from dflash_ops.cli.options import (
     PortOption,
     TargetOption,
     UserOption,
-    target_flags,
 )
 
 app = typer.Typer()
@@ -54,14 +53,18 @@ def deploy(
       dflash deploy --host pve --ct 200      # container 200 on a Proxmox node
       dflash deploy --target gpu-box --resume
     """
-    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
-    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
-    try:
+    with workspace(
+        ctx,
+        target=target,
+        host=host,
+        user=user,
+        port=port,
+        ct=ct,
+        accept_new_host_key=accept_new_host_key,
+    ) as ws:
         report = operations.deploy(
             ws, resume=resume, force=force, say=output.info, warn=output.warn
         )
-    finally:
-        ws.close()
     if report.removed:
         output.info(f"Removed old releases: {', '.join(report.removed)}")
     output.success(

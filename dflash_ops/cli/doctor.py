@@ -18,7 +18,6 @@ from dflash_ops.cli.options import (
     PortOption,
     TargetOption,
     UserOption,
-    target_flags,
 )
 from dflash_ops.workspace import open_place
 
@@ -61,37 +60,46 @@ def doctor_command(
       dflash doctor --host pve --ct 200       # container 200 on a Proxmox node
       dflash doctor --no-gpu-smoke --json | jq '.checks[] | select(.ok | not)'
     """
-    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
-    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
-    place = open_place(ws.target, accept_new_host_key=accept_new_host_key)
-    show = None if as_json else _print_check
-    if not as_json:
-        output.info(f"Checking {ws.target.describe()} (target {ws.target.name!r}):")
-    try:
-        checks = doctor.diagnose(
-            doctor.Setup.of(ws, min_free_gib=min_free_gib),
-            place,
-            gpu_smoke=gpu_smoke,
-            on_check=show,
-        )
-    finally:
-        place.close()
-    ok = doctor.all_ok(checks)
-    if as_json:
-        report = {
-            "target": ws.target.name,
-            "place": ws.target.describe(),
-            "ok": ok,
-            "checks": [c.to_json() for c in checks],
-        }
-        print(json.dumps(report))
-    elif ok:
-        output.success(f"All {len(checks)} checks passed.")
-    else:
-        bad = sum(1 for c in checks if not c.ok and not c.skipped)
-        output.info(f"{bad} check(s) failed; apply the fixes above and run dflash doctor again.")
-    if not ok:
-        raise typer.Exit(1)
+    with workspace(
+        ctx,
+        target=target,
+        host=host,
+        user=user,
+        port=port,
+        ct=ct,
+        accept_new_host_key=accept_new_host_key,
+    ) as ws:
+        place = open_place(ws.target, accept_new_host_key=accept_new_host_key)
+        show = None if as_json else _print_check
+        if not as_json:
+            output.info(f"Checking {ws.target.describe()} (target {ws.target.name!r}):")
+        try:
+            checks = doctor.diagnose(
+                doctor.Setup.of(ws, min_free_gib=min_free_gib),
+                place,
+                gpu_smoke=gpu_smoke,
+                on_check=show,
+            )
+        finally:
+            place.close()
+        ok = doctor.all_ok(checks)
+        if as_json:
+            report = {
+                "target": ws.target.name,
+                "place": ws.target.describe(),
+                "ok": ok,
+                "checks": [c.to_json() for c in checks],
+            }
+            print(json.dumps(report))
+        elif ok:
+            output.success(f"All {len(checks)} checks passed.")
+        else:
+            bad = sum(1 for c in checks if not c.ok and not c.skipped)
+            output.info(
+                f"{bad} check(s) failed; apply the fixes above and run dflash doctor again."
+            )
+        if not ok:
+            raise typer.Exit(1)
 
 
 def _print_check(check: doctor.Check) -> None:

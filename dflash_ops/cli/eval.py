@@ -16,7 +16,6 @@ from dflash_ops.cli.options import (
     PortOption,
     TargetOption,
     UserOption,
-    target_flags,
 )
 
 app = typer.Typer()
@@ -65,16 +64,22 @@ def eval_(
       dflash eval --prompts /data/heldout.jsonl --checkpoint step-00000300 --limit 16
       dflash eval --prompts /data/heldout.jsonl --max-new-tokens 128 --json
     """
-    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
-    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
-    request = evaluation.EvalRequest(
-        prompts=prompts,
-        checkpoint=checkpoint,
-        max_new_tokens=max_new_tokens,
-        limit=limit,
-        as_json=as_json,
-    )
-    try:
+    with workspace(
+        ctx,
+        target=target,
+        host=host,
+        user=user,
+        port=port,
+        ct=ct,
+        accept_new_host_key=accept_new_host_key,
+    ) as ws:
+        request = evaluation.EvalRequest(
+            prompts=prompts,
+            checkpoint=checkpoint,
+            max_new_tokens=max_new_tokens,
+            limit=limit,
+            as_json=as_json,
+        )
         stream = evaluation.start(ws, request)
         try:
             for chunk in stream:
@@ -86,6 +91,4 @@ def eval_(
         code = stream.exit_code or 0
         if code != 0:
             output.error(evaluation.failure(ws, stream))
-    finally:
-        ws.close()
     raise typer.Exit(code)

@@ -15,7 +15,6 @@ from dflash_ops.cli.options import (
     PortOption,
     TargetOption,
     UserOption,
-    target_flags,
 )
 
 app = typer.Typer()
@@ -52,22 +51,27 @@ def logs(
       dflash logs --tail 200
       dflash logs --follow        # exit code = the job's exit code
     """
-    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
-    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
-    try:
-        job = ws.job()
-        body, size = job.tail(tail)
-        output.write_bytes(body)
-        if not follow:
-            if size < 0:
-                output.info(f"No log yet at {ws.log_path} on {ws.target.describe()}.")
-            return
-        final = job.follow(output.write_bytes, offset=max(size, 0), reconnect=ws.reopen)
-    except KeyboardInterrupt:
-        output.info("Detached from the log; the job keeps running.")
-        raise typer.Exit(130) from None
-    finally:
-        ws.close()
+    with workspace(
+        ctx,
+        target=target,
+        host=host,
+        user=user,
+        port=port,
+        ct=ct,
+        accept_new_host_key=accept_new_host_key,
+    ) as ws:
+        try:
+            job = ws.job()
+            body, size = job.tail(tail)
+            output.write_bytes(body)
+            if not follow:
+                if size < 0:
+                    output.info(f"No log yet at {ws.log_path} on {ws.target.describe()}.")
+                return
+            final = job.follow(output.write_bytes, offset=max(size, 0), reconnect=ws.reopen)
+        except KeyboardInterrupt:
+            output.info("Detached from the log; the job keeps running.")
+            raise typer.Exit(130) from None
     if not final.exists:
         output.info(f"No job session {final.session!r} on {ws.target.describe()}.")
         raise typer.Exit(1)

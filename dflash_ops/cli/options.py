@@ -1,7 +1,7 @@
 """Options shared by several commands, declared once.
 
-Every command that acts on a target takes the same selection flags; `target_flags` turns them
-into the `TargetFlags` that `config.resolve_target` understands.
+Every command that acts on a target takes the same selection flags; `context.workspace` turns
+them into the Workspace of that target.
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from dflash_ops.config import TargetFlags
 
 _TARGET = "Target (default: the last deployed from this folder, else [target])"
 
@@ -65,17 +63,6 @@ AcceptKeyOption = Annotated[
         rich_help_panel=_TARGET,
     ),
 ]
-
-
-def target_flags(
-    *,
-    target: str | None,
-    host: str | None,
-    user: str | None,
-    port: int | None,
-    ct: int | None,
-) -> TargetFlags:
-    return TargetFlags(target=target, host=host, user=user, port=port, ct=ct)
 
 
 ForceOption = Annotated[

@@ -19,7 +19,6 @@ from dflash_ops.cli.options import (
     PortOption,
     TargetOption,
     UserOption,
-    target_flags,
 )
 
 app = typer.Typer()
@@ -50,12 +49,16 @@ def releases(
       dflash releases
       dflash releases --json
     """
-    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
-    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
-    try:
+    with workspace(
+        ctx,
+        target=target,
+        host=host,
+        user=user,
+        port=port,
+        ct=ct,
+        accept_new_host_key=accept_new_host_key,
+    ) as ws:
         infos = ws.releases().describe()
-    finally:
-        ws.close()
     rows = [
         {
             "id": info.release_id,
@@ -105,10 +108,14 @@ def rollback(
       dflash rollback
       dflash rollback --to 20260102-030405-678-abcd
     """
-    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
-    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
-    try:
+    with workspace(
+        ctx,
+        target=target,
+        host=host,
+        user=user,
+        port=port,
+        ct=ct,
+        accept_new_host_key=accept_new_host_key,
+    ) as ws:
         report = operations.rollback(ws, to=to, force=force, say=output.warn)
-    finally:
-        ws.close()
     output.success(f"Rolled back to {report.release}; job {report.started.session!r} restarted.")

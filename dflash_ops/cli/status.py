@@ -19,7 +19,6 @@ from dflash_ops.cli.options import (
     PortOption,
     TargetOption,
     UserOption,
-    target_flags,
 )
 
 app = typer.Typer()
@@ -49,12 +48,16 @@ def status(
       dflash status
       dflash status --json | jq .running
     """
-    flags = target_flags(target=target, host=host, user=user, port=port, ct=ct)
-    ws = workspace(ctx, flags, accept_new_host_key=accept_new_host_key)
-    try:
+    with workspace(
+        ctx,
+        target=target,
+        host=host,
+        user=user,
+        port=port,
+        ct=ct,
+        accept_new_host_key=accept_new_host_key,
+    ) as ws:
         report = operations.status(ws, lines=lines)
-    finally:
-        ws.close()
     if as_json:
         output.out.print_json(json.dumps(report)) if output.out.is_terminal else print(
             json.dumps(report)
