@@ -36,11 +36,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-from trainer.errors import AttentionBackendUnavailable, DenseAttentionTooLarge
+from trainer.errors import AttentionBackendUnavailable, CompileCacheFull, DenseAttentionTooLarge
 from trainer.masks import batched_dense_mask, draft_mask_mod
 
 BACKENDS = ("auto", "flex", "sdpa")
 DEFAULT_DENSE_BUDGET_GIB = 4.0
+# Distinct compiled variants allowed per kernel: (static + dynamic) × mask variants (full and
+# sliding-window layers, training and the single-anchor τ probe) × length regimes, with room.
+RECOMPILE_LIMIT = 64
 _GIB = float(1 << 30)
 
 
@@ -67,11 +70,35 @@ def flex_kernels(*, compiled: bool = True) -> FlexKernels:
     """
     if not compiled:
         return FlexKernels(attention=flex_attention, block_mask=create_block_mask, compiled=False)
+    _fail_instead_of_eager_fallback()
     return FlexKernels(
         attention=torch.compile(flex_attention),
         block_mask=torch.compile(create_block_mask),
         compiled=True,
     )
+
+
+def _fail_instead_of_eager_fallback() -> None:
+    """Make dynamo raise when a kernel's compile cache is full, instead of running it eagerly.
+
+    Dynamo's recompile limit (8 by default) counts per code object for the whole process; the
+    eager fallback past it is the dense FlexAttention this module exists to avoid. The limit is
+    raised to `RECOMPILE_LIMIT` (never lowered), and hitting it becomes `CompileCacheFull`.
+    """
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    config.fail_on_recompile_limit_hit = True
+
+
+def _compiled_call(kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return kernel(*args, **kwargs)
+    except torch._dynamo.exc.FailOnRecompileLimitHit as exc:
+        limit = torch._dynamo.config.recompile_limit
+        raise CompileCacheFull(
+            f"A FlexAttention kernel was compiled for more than {limit} distinct shapes in this "
+            f"process ({str(exc).splitlines()[0] if str(exc) else 'recompile limit hit'})"
+        ) from exc
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,7 +221,9 @@ def build_draft_mask(
     mask_mod = draft_mask_mod(
         anchors, valid, context_len, block_size, window=window, causal_in_block=causal_in_block
     )
-    block_mask = kernels.block_mask(mask_mod, batch, None, q_len, kv_len, device=anchors.device)
+    block_mask = _compiled_call(
+        kernels.block_mask, mask_mod, batch, None, q_len, kv_len, device=anchors.device
+    )
     return DraftMask(
         backend="flex",
         batch=batch,
@@ -244,7 +273,7 @@ def draft_attention(
             "FlexAttention has no backward on the CPU; this call would need one."
         )
     kwargs: dict[str, Any] = {"block_mask": mask.block_mask, "scale": scale, "enable_gqa": gqa}
-    return mask.kernels.attention(q, k, v, **kwargs)
+    return _compiled_call(mask.kernels.attention, q, k, v, **kwargs)
 
 
 def _any_requires_grad(*tensors: Tensor) -> bool:

@@ -48,3 +48,17 @@ class AttentionBackendUnavailable(TrainerError):
     """The requested attention backend cannot run here (e.g. flex without torch.compile)."""
 
     hint = "Use backend='sdpa' on the CPU, or 'auto' to pick flex on CUDA and SDPA elsewhere."
+
+
+class CompileCacheFull(TrainerError):
+    """torch.compile met more distinct shapes of one kernel than its recompile limit allows.
+
+    Past the limit dynamo would silently run FlexAttention eagerly, which materialises the fp32
+    score matrix (hundreds of GiB at the drafter's shapes): an out-of-memory error or a 10×
+    slower run far from its cause. The trainer makes dynamo raise instead, and names the knobs.
+    """
+
+    hint = (
+        "Use fewer distinct shapes per process: a larger data.bucket (fewer context lengths), "
+        "one batch size and anchor count, or raise torch._dynamo.config.recompile_limit."
+    )
