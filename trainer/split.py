@@ -274,11 +274,12 @@ def _run_drafter(
         torch.set_rng_state(state["rng"]["cpu"].cpu())
         if lead:
             emit(f"resumed from {found.path.name} (step {step})")
-    worker.module = DDP(
-        drafter,
-        process_group=session.drafter_group,
-        device_ids=[device] if device.type == "cuda" else None,
-    )
+    if roles.num_drafters > 1:  # one drafter has nothing to average: DDP would only copy grads
+        worker.module = DDP(
+            drafter,
+            process_group=session.drafter_group,
+            device_ids=[device] if device.type == "cuda" else None,
+        )
     data = json.loads(session.wait_get("data", what="target rank 0"))
     first, per_epoch = data["first"], data["per_epoch"]
     endpoint = DrafterEndpoint(session, device=device)
