@@ -126,21 +126,22 @@ def row_stats(
     best = torch.empty(r, split, device=z.device, dtype=torch.float32)
     has_t = zt is not None
     zt_arg = zt if has_t else z
-    _stats_kernel[(r, split)](
-        z,
-        zt_arg,
-        parts,
-        idx,
-        best,
-        vocab,
-        z.stride(0),
-        zt_arg.stride(0),
-        SPLIT=split,
-        CHUNK=chunk,
-        BLOCK_V=BLOCK,
-        HAS_T=has_t,
-        num_warps=8,
-    )
+    with torch.cuda.device(z.device):  # Triton launches on the current device's stream
+        _stats_kernel[(r, split)](
+            z,
+            zt_arg,
+            parts,
+            idx,
+            best,
+            vocab,
+            z.stride(0),
+            zt_arg.stride(0),
+            SPLIT=split,
+            CHUNK=chunk,
+            BLOCK_V=BLOCK,
+            HAS_T=has_t,
+            num_warps=8,
+        )
     m, s = parts[..., 0], parts[..., 1]  # (r, split)
     top = m.max(dim=1).values  # (r,)
     lse = top + torch.log((s * torch.exp(m - top[:, None])).sum(1))
@@ -173,20 +174,21 @@ def logit_grad(
     f32 = torch.float32
     lse_t_arg = (lse_t if has_t else lse).to(f32).contiguous()
     c_arg = (c if has_t else a).to(f32).contiguous()
-    _grad_kernel[(r, triton.cdiv(vocab, BLOCK))](
-        z,
-        zt_arg,
-        y.contiguous(),
-        lse.to(f32).contiguous(),
-        lse_t_arg,
-        a.to(f32).contiguous(),
-        b.to(f32).contiguous(),
-        c_arg,
-        vocab,
-        z.stride(0),
-        zt_arg.stride(0),
-        BLOCK_V=BLOCK,
-        HAS_T=has_t,
-        num_warps=8,
-    )
+    with torch.cuda.device(z.device):  # Triton launches on the current device's stream
+        _grad_kernel[(r, triton.cdiv(vocab, BLOCK))](
+            z,
+            zt_arg,
+            y.contiguous(),
+            lse.to(f32).contiguous(),
+            lse_t_arg,
+            a.to(f32).contiguous(),
+            b.to(f32).contiguous(),
+            c_arg,
+            vocab,
+            z.stride(0),
+            zt_arg.stride(0),
+            BLOCK_V=BLOCK,
+            HAS_T=has_t,
+            num_warps=8,
+        )
     return z
