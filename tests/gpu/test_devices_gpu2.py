@@ -59,7 +59,7 @@ def test_loss_on_a_gpu_that_is_not_the_current_device(kernels) -> None:
     logits = h64.detach() @ weight.double().cpu().t()  # (n, b, v)
     supervised = labels.cpu() != IGNORE_INDEX
     hits = (logits.argmax(-1) == labels.cpu()) & supervised
-    want_acc = hits.sum(0) / supervised.sum(0).clamp(min=1)
+    want_acc = hits.sum(0).double() / supervised.sum(0).clamp(min=1)
     got_acc = out.slot_accuracy.cpu().double()
     seen = supervised.any(0)
     seen[0] = False  # slot 0 (the anchor's own token) is never predicted
