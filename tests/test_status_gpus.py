@@ -1,6 +1,7 @@
 """`dflash status` per GPU: nvidia-smi readings at the place (a stand-in executable first on the
 job's PATH) joined with the metrics rows the trainer's own writer (`trainer.metrics`) logs for a
-split run, on this machine and over the loopback SSH host; and what happens without nvidia-smi
+split run, on this machine, over the loopback SSH host and in a container of the Proxmox
+stand-in; and what happens without nvidia-smi
 or with a driver that does not answer."""
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ STANDIN = Path(__file__).resolve().parent / "fixtures" / "nvidia_smi_standin"
 STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # util %, MiB used, MiB total of physical GPUs 0…3 as the stand-in prints them
 SMI = [(87, 40312, 143771), (12, 20011, 143771), (99, 70000, 143771), ("[N/A]", 3, 143771)]
-VISIBLE = [2, 0, 1]  # CUDA_VISIBLE_DEVICES: local rank r runs on physical GPU VISIBLE[r]
+VISIBLE = [2, 0, 1]
+CT = 200  # CUDA_VISIBLE_DEVICES: local rank r runs on physical GPU VISIBLE[r]
 
 
 def write_split_metrics(out: Path, *, targets: int, world: int, steps: int = 2) -> dict[str, Any]:
@@ -64,7 +66,7 @@ def write_split_metrics(out: Path, *, targets: int, world: int, steps: int = 2) 
     return row
 
 
-@pytest.fixture(params=["local", "ssh"])
+@pytest.fixture(params=["local", "ssh", "proxmox"])
 def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
     project = tmp_path / "project"
     project.mkdir()
@@ -72,6 +74,12 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
     if request.param == "local":
         root = project / ".dflash" / "local"
         spot = Where("local", project, [], root, root / "checkpoints", socket)
+    elif request.param == "proxmox":  # the container sees the host's /work, so the stand-in
+        proxmox = request.getfixturevalue("proxmox")
+        proxmox.create(CT)
+        flags = ["--host", proxmox.alias, "--ct", str(CT)]
+        root, ckpt = proxmox.root_dir(CT) / "dflash", proxmox.workspace_dir(CT) / "checkpoints"
+        spot = Where("proxmox", project, flags, root, ckpt, socket)
     else:
         request.getfixturevalue("ssh_home")
         root, ckpt = tmp_path / "remote-root", tmp_path / "remote-ckpt"
@@ -81,7 +89,8 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
             f'root = "{root}"\ncheckpoints = "{ckpt}"\n'
         )
     yield spot
-    kill_tmux_server(socket)
+    if request.param != "proxmox":  # a container's tmux ends with the container
+        kill_tmux_server(socket)
 
 
 def smi_env(**extra: str) -> dict[str, str]:
