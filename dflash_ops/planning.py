@@ -37,12 +37,9 @@ def planner_argv(ws: Workspace, request: PlanRequest) -> list[str]:
         "--out", ws.target.checkpoints,
     ]  # fmt: skip
     gpus = request.gpus if request.gpus is not None else ws.config.job.gpus or None
-    if gpus is not None:
-        args += ["--gpus", str(gpus)]
-    if request.steps is not None:
-        args += ["--steps", str(request.steps)]
-    if request.warmup is not None:
-        args += ["--warmup", str(request.warmup)]
+    for flag, value in (("--gpus", gpus), ("--steps", request.steps), ("--warmup", request.warmup)):
+        if value is not None:
+            args += [flag, str(value)]
     if request.as_json:
         args.append("--json")
     current = f"{ws.target.root}/current"

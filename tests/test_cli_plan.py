@@ -110,6 +110,9 @@ def test_plan_refused_while_the_job_runs_then_planned(
     remote = ssh_project(deployed, tmp_path)
     over_ssh = dflash(remote, "plan", "--target", "box", "--host", "testbox", *QUICK)
     assert over_ssh.returncode == 1 and "is running" in over_ssh.stderr
+    forced = dflash(deployed.project, "plan", "--force", "--gpus", "3", "--json", *QUICK)
+    assert forced.returncode == 0, forced.stderr  # timed next to the job, as asked
+    assert len(json.loads(forced.stdout)["splits"]) == 2
 
     stopped = dflash(deployed.project, "stop")
     assert stopped.returncode == 0, stopped.stderr
