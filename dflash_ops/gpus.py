@@ -1,8 +1,9 @@
 """The GPUs of a place as `dflash status` shows them: `nvidia-smi` readings joined with the
 trainer's per-rank metrics (which rank, which role, how much memory torch holds there).
 
-`nvidia-smi` runs at the place with the `[job] env` (a PATH set there applies, as it does to the
-trainer). A place without it, or one whose driver does not answer, has no GPU table: `read`
+`nvidia-smi` runs at the place with the `PATH` and `LD_LIBRARY_PATH` of `[job] env` when it sets
+them (they decide which nvidia-smi runs and which driver library it loads, as for the trainer);
+the rest of that env (tokens, maybe) stays off the command line. A place without it, or one whose driver does not answer, has no GPU table: `read`
 returns a short note instead and never raises, because a status must show even then.
 
 A rank's `gpu` is its local rank, i.e. its CUDA device index among the visible devices; with
@@ -23,6 +24,7 @@ QUERY = "index,utilization.gpu,memory.used,memory.total"
 SMI_ARGV = ("nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits")
 TIMEOUT_S = 15.0  # a hung driver must not hang the status
 NO_ROLE = "—"
+LOOKUP_ENV = ("PATH", "LD_LIBRARY_PATH")  # the part of [job] env nvidia-smi is run with
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +66,7 @@ def parse(text: str) -> list[GpuReading]:
 
 def read(place: Place, env: Mapping[str, str]) -> tuple[list[GpuReading] | None, str | None]:
     """(readings, None), or (None, a short note saying why there are none)."""
-    argv = ["env", *(f"{k}={v}" for k, v in env.items()), *SMI_ARGV]
+    argv = ["env", *(f"{k}={env[k]}" for k in LOOKUP_ENV if k in env), *SMI_ARGV]
     try:
         result = place.run(argv, timeout=TIMEOUT_S, check=False)
     except CommandTimedOut:

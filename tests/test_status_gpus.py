@@ -7,8 +7,10 @@ or with a driver that does not answer."""
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,7 +25,7 @@ from trainer.config import DemoConfig, TrainConfig
 from trainer.distributed import Roles
 from trainer.metrics import GIB, RankStats, RoleMetrics
 
-STANDIN = Path(__file__).resolve().parent / "fixtures" / "nvidia_smi_standin"
+STANDIN = Path(__file__).resolve().parent / "fixtures" / "nvidia_smi_standin"  # copied per test
 STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # util %, MiB used, MiB total of physical GPUs 0…3 as the stand-in prints them
 SMI = [(87, 40312, 143771), (12, 20011, 143771), (99, 70000, 143771), ("[N/A]", 3, 143771)]
@@ -66,24 +68,37 @@ def write_split_metrics(out: Path, *, targets: int, world: int, steps: int = 2) 
     return row
 
 
+@dataclass
+class GpuPlace(Where):
+    """A place whose job PATH can hold a stand-in nvidia-smi copied to `standin_host`."""
+
+    standin_at: str = ""  # the stand-in's folder as the place sees it
+    standin_host: Path = Path("/nonexistent")  # the same folder as this machine sees it
+
+
 @pytest.fixture(params=["local", "ssh", "proxmox"])
-def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GpuPlace]:
     project = tmp_path / "project"
     project.mkdir()
     socket = f"dft-{uuid.uuid4().hex[:10]}"
+    smi = tmp_path / "smi"
     if request.param == "local":
         root = project / ".dflash" / "local"
-        spot = Where("local", project, [], root, root / "checkpoints", socket)
-    elif request.param == "proxmox":  # the container sees the host's /work, so the stand-in
+        spot = GpuPlace("local", project, [], root, root / "checkpoints", socket)
+        spot.standin_at, spot.standin_host = str(smi), smi
+    elif request.param == "proxmox":  # inside the container: its own /root
         proxmox = request.getfixturevalue("proxmox")
         proxmox.create(CT)
         flags = ["--host", proxmox.alias, "--ct", str(CT)]
         root, ckpt = proxmox.root_dir(CT) / "dflash", proxmox.workspace_dir(CT) / "checkpoints"
-        spot = Where("proxmox", project, flags, root, ckpt, socket)
+        spot = GpuPlace("proxmox", project, flags, root, ckpt, socket)
+        spot.standin_at, spot.standin_host = "/root/smi", proxmox.root_dir(CT) / "smi"
     else:
         request.getfixturevalue("ssh_home")
         root, ckpt = tmp_path / "remote-root", tmp_path / "remote-ckpt"
-        spot = Where("ssh", project, ["--target", "box", "--host", "testbox"], root, ckpt, socket)
+        flags = ["--target", "box", "--host", "testbox"]
+        spot = GpuPlace("ssh", project, flags, root, ckpt, socket)
+        spot.standin_at, spot.standin_host = str(smi), smi
         spot.targets = (
             f'[targets.box]\nplace = "ssh"\nhost = "elsewhere"\n'
             f'root = "{root}"\ncheckpoints = "{ckpt}"\n'
@@ -93,14 +108,22 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
         kill_tmux_server(socket)
 
 
-def smi_env(**extra: str) -> dict[str, str]:
-    spec = ",".join(":".join(str(v) for v in gpu) for gpu in SMI)
-    return {"PATH": f"{STANDIN}:{STD_PATH}", "DFLASH_SMI_GPUS": spec, **extra}
+def smi_env(where: GpuPlace, *, driver_down: bool = False, **extra: str) -> dict[str, str]:
+    """The job's env with a copy of the nvidia-smi stand-in first on PATH, told what to print,
+    and an env value that must stay off nvidia-smi's command line."""
+    folder = where.standin_host
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(STANDIN / "nvidia-smi", folder / "nvidia-smi")
+    (folder / "gpus").write_text(",".join(":".join(str(v) for v in gpu) for gpu in SMI))
+    if driver_down:
+        (folder / "driver-down").touch()
+    return {"PATH": f"{where.standin_at}:{STD_PATH}", "HF_TOKEN": "hf_secret", **extra}
 
 
-def test_status_shows_each_gpu_with_its_role(where: Where, tmp_path: Path) -> None:
+def test_status_shows_each_gpu_with_its_role(where: GpuPlace) -> None:
     visible = ",".join(map(str, VISIBLE))
-    where.config("sleep 600", env=smi_env(CUDA_VISIBLE_DEVICES=visible), extra="gpus = 3\n")
+    env = smi_env(where, CUDA_VISIBLE_DEVICES=visible)
+    where.config("sleep 600", env=env, extra="gpus = 3\n")
     deployed = where.run("deploy", *where.flags)
     assert deployed.returncode == 0, deployed.stderr
     row = write_split_metrics(where.checkpoints, targets=1, world=3)
@@ -123,6 +146,8 @@ def test_status_shows_each_gpu_with_its_role(where: Where, tmp_path: Path) -> No
             assert (gpu["role"], gpu["ranks"]) == (rank["role"], [rank["rank"]])
             assert gpu["mem_gib"] == rank["mem_gib"]
     assert report["gpus"][2]["role"] == "target"  # rank 0 on local device 0 = physical 2
+    seen = (where.standin_host / "last-env").read_text()
+    assert f"PATH={env['PATH']}\n" in seen and "hf_secret" not in seen  # only PATH passed on
 
     human = where.run("status")
     assert human.returncode == 0, human.stderr
@@ -135,8 +160,8 @@ def test_status_shows_each_gpu_with_its_role(where: Where, tmp_path: Path) -> No
     assert table[0][3] == "87%" and table[3][3] == "?" and table[2][-1] == f"{10.0:.1f}"
 
 
-def test_status_without_nvidia_smi_or_driver(where: Where, tmp_path: Path) -> None:
-    where.config("sleep 600", env=smi_env(DFLASH_SMI_FAIL="driver"))
+def test_status_without_nvidia_smi_or_driver(where: GpuPlace, tmp_path: Path) -> None:
+    where.config("sleep 600", env=smi_env(where, driver_down=True))
     assert where.run("deploy", *where.flags).returncode == 0
     broken = where.status()
     assert broken["gpus"] is None and broken["running"]
