@@ -17,7 +17,9 @@ defaults. Selection: `--target NAME` or `--host`, else the target last deployed 
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import sys
 import tomllib
 from collections.abc import Mapping
@@ -59,6 +61,8 @@ _JOB_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "env": _TABLE,
     "gpus": _INT,
     "target_gpus": _INT,
+    "nodes": _INT,
+    "rendezvous": _STR,
     "command": _STR,
     "socket": _STR,
     "stop_timeout": _NUM,
@@ -133,7 +137,9 @@ class JobConfig:
     log: str = "train_stdout.log"
     env: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_ENV))
     gpus: int = 0
-    target_gpus: int = 0
+    target_gpus: int = 0  # of all nodes together: target ranks are the first global ranks
+    nodes: int = 1
+    rendezvous: str | None = None  # "host:port" of torchrun's c10d store, when nodes > 1
     command: str | None = None
     socket: str = "dflash"
     stop_timeout: float = 30.0
@@ -394,11 +400,14 @@ def _job_config(table: Mapping[str, Any], *, path: Path) -> JobConfig:
         if key in values and values[key] < 0:
             raise ConfigError(f"Key 'job.{key}' in {path} must be 0 or more, not {values[key]}.")
     job = JobConfig(env=env, **values)
-    if job.gpus > 0 and job.target_gpus >= job.gpus:
+    _check_nodes(job, path)
+    total = job.gpus * job.nodes
+    if job.gpus > 0 and job.target_gpus >= total:
+        nodes = f" × job.nodes = {job.nodes}" if job.nodes > 1 else ""
         raise ConfigError(
-            f"Key 'job.target_gpus' in {path} is {job.target_gpus} but job.gpus is {job.gpus}: "
-            "at least one GPU must train the drafter.",
-            hint="Set job.target_gpus below job.gpus.",
+            f"Key 'job.target_gpus' in {path} is {job.target_gpus} but job.gpus is "
+            f"{job.gpus}{nodes}: at least one GPU must train the drafter.",
+            hint="Set job.target_gpus below the number of GPUs of all nodes together.",
         )
     if job.gpus == 0 and job.target_gpus:
         raise ConfigError(
@@ -416,6 +425,64 @@ def _job_config(table: Mapping[str, Any], *, path: Path) -> JobConfig:
         raise ConfigError(f"Key 'job.command' in {path} is empty.", hint="Remove it or set it.")
     _check_log(job.log, path)
     return job
+
+
+# One DNS label (RFC 1123): letters, digits and inner hyphens.
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _check_nodes(job: JobConfig, path: Path) -> None:
+    """`nodes` and `rendezvous` come together: several nodes meet at one endpoint, one node
+    needs none (torchrun's `--standalone`), so a stray endpoint is refused, not ignored."""
+    if job.nodes < 1:
+        raise ConfigError(f"Key 'job.nodes' in {path} must be 1 or more, not {job.nodes}.")
+    if job.nodes == 1:
+        if job.rendezvous is not None:
+            raise ConfigError(
+                f"Key 'job.rendezvous' in {path} is set but job.nodes is 1.",
+                hint="Remove job.rendezvous, or set job.nodes to the number of nodes.",
+            )
+        return
+    if job.gpus < 1:
+        raise ConfigError(
+            f"Key 'job.gpus' in {path} is 0 but job.nodes is {job.nodes}: set the processes "
+            "(GPUs) each node runs.",
+            hint="Set job.gpus to the GPUs of one node.",
+        )
+    if job.rendezvous is None:
+        raise ConfigError(
+            f"Key 'job.rendezvous' in {path} is missing: job.nodes = {job.nodes} needs the "
+            "host:port where the nodes meet.",
+            hint='Set job.rendezvous = "node0.example:29400" (reachable from every node).',
+        )
+    _check_endpoint(job.rendezvous, path)
+
+
+def _check_endpoint(endpoint: str, path: Path) -> None:
+    """`host:port` with a host name, an IPv4 address or a bracketed IPv6 address."""
+    bad = ConfigError(
+        f"Key 'job.rendezvous' in {path} must be host:port (a host name, an IPv4 address or "
+        f"[an IPv6 address], and a port 1-65535), not {endpoint!r}.",
+        hint='For example: rendezvous = "10.0.0.1:29400" or "[fd00::1]:29400".',
+    )
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise bad
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise bad from None
+        return
+    labels = host.split(".")
+    if all(label.isdigit() for label in labels):  # digits and dots: it must be an IPv4 address
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise bad from None
+        return
+    if len(host) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        raise bad
 
 
 def _check_name(key: str, value: str, path: Path) -> None:

@@ -13,15 +13,13 @@ from dataclasses import dataclass
 
 from dflash_ops import shell
 from dflash_ops.errors import EvaluationError
-from dflash_ops.launch import TRAIN_CONFIG
+from dflash_ops.launch import TRAIN_CONFIG, in_release
 from dflash_ops.transport import StreamResult
 from dflash_ops.workspace import Workspace
 
 # A bare checkpoint name (`step-00000300`, or a run folder's name) resolves inside the
 # checkpoints folder; anything with a slash must be an absolute path at the place.
 _BARE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-# Enter the release, then run argv as given: every value stays a literal argv element.
-_IN_RELEASE = 'cd -P -- "$1" && shift && exec "$@"'
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,8 +43,6 @@ def checkpoint_path(ws: Workspace, checkpoint: str | None) -> str:
 
 def evaluator_argv(ws: Workspace, request: EvalRequest, *, checkpoint: str) -> list[str]:
     """`bash -c 'cd current; exec …' env K=V… python -m trainer.evaluate …` as one argv."""
-    current = f"{ws.target.root}/current"
-    env = [f"{shell.env_key(k)}={shell.env_value(v)}" for k, v in ws.config.job.env.items()]
     args = [
         ws.target.python, "-m", "trainer.evaluate", "--config", TRAIN_CONFIG,
         "--checkpoint", checkpoint, "--prompts", request.prompts,
@@ -57,7 +53,8 @@ def evaluator_argv(ws: Workspace, request: EvalRequest, *, checkpoint: str) -> l
         args += ["--limit", str(request.limit)]
     if request.as_json:
         args.append("--json")
-    return ["bash", "-c", _IN_RELEASE, "dflash-eval", current, "env", *env, *args]
+    current = f"{ws.target.root}/current"
+    return in_release(current, ws.config.job.env, args, name="dflash-eval")
 
 
 def _require(ws: Workspace, test: str, path: str, what: str, hint: str) -> None:

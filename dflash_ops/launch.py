@@ -3,7 +3,9 @@
 The script is the one thing the tmux session runs (`bash <root>/current/launch.sh`). It moves to
 its own release folder, exports what the job needs to know about itself, and `exec`s the trainer
 — `python -m trainer.train --config train.toml --out <checkpoints>`, under
-`torch.distributed.run` (torchrun) when the job has more than one GPU — or, when `[job] command`
+`torch.distributed.run` (torchrun) when the job has more than one GPU: `--standalone` on one
+node, a c10d rendezvous at `[job] rendezvous` shared by every node when `[job] nodes` > 1 (each
+node runs the same script) — or, when `[job] command`
 is set, the user's own command, which is kept verbatim in `command.sh` and run by `bash -c`. The
 user's text is never pasted into our script; the few values we do write (paths, the interpreter)
 go through `shell.quote`.
@@ -11,9 +13,14 @@ go through `shell.quote`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from dflash_ops.shell import quote, quote_argv
+from dflash_ops.shell import env_key, env_value, quote, quote_argv
+
+if TYPE_CHECKING:
+    from dflash_ops.config import JobConfig
 
 COMMAND_FILE = "command.sh"
 TRAIN_CONFIG = "train.toml"
@@ -26,20 +33,65 @@ class LaunchPlan:
     release_id: str
     python: str
     checkpoints: str
-    gpus: int = 0
-    target_gpus: int = 0
+    gpus: int = 0  # per node
+    target_gpus: int = 0  # of all nodes together
+    nodes: int = 1
+    rendezvous: str | None = None  # "host:port", when nodes > 1
+    rdzv_id: str = "dflash"  # the same on every node: the job's session name
     command: str | None = None
+
+    @classmethod
+    def for_job(
+        cls, job: JobConfig, *, release_id: str, python: str, checkpoints: str
+    ) -> LaunchPlan:
+        """The plan of `[job]` (GPUs, split, nodes, rendezvous, command) for one release."""
+        return cls(
+            release_id=release_id,
+            python=python,
+            checkpoints=checkpoints,
+            gpus=job.gpus,
+            target_gpus=job.target_gpus,
+            nodes=job.nodes,
+            rendezvous=job.rendezvous,
+            rdzv_id=job.session,
+            command=job.command,
+        )
+
+    @property
+    def world_size(self) -> int:
+        return max(self.gpus, 1) * self.nodes
 
 
 def trainer_argv(plan: LaunchPlan) -> list[str]:
-    """The trainer's argv: `python -m trainer.train …`, or torchrun over `gpus` processes."""
+    """The trainer's argv: `python -m trainer.train …`, or torchrun over `gpus` processes per
+    node — standalone on one node, meeting the other nodes at the rendezvous otherwise."""
     args = ["-m", "trainer.train", "--config", TRAIN_CONFIG, "--out", plan.checkpoints]
-    if plan.gpus > 1:
+    torchrun = [plan.python, "-m", "torch.distributed.run"]
+    per_node = ["--nproc-per-node", str(max(plan.gpus, 1))]
+    if plan.nodes > 1:
+        if plan.rendezvous is None:
+            raise ValueError("a launch over several nodes needs a rendezvous endpoint")
         return [
-            plan.python, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(plan.gpus), *args,
+            *torchrun, "--nnodes", str(plan.nodes), *per_node, "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", plan.rendezvous, "--rdzv-id", plan.rdzv_id, *args,
         ]  # fmt: skip
+    if plan.gpus > 1:
+        return [*torchrun, "--standalone", *per_node, *args]
     return [plan.python, *args]
+
+
+# Enter a folder, then run argv as given: every value stays a literal argv element.
+_IN_FOLDER = 'cd -P -- "$1" && shift && exec "$@"'
+
+
+def in_release(
+    release: str, env: Mapping[str, str], argv: Sequence[str], *, name: str
+) -> list[str]:
+    """`bash -c 'cd <release>; exec env K=V… argv…'` as one argv: how a foreground tool of the
+    trainer (`trainer.evaluate`, `trainer.plan`) runs with a release's code, config and the
+    job's environment. `name` is the script's `$0` (shown by `ps`)."""
+    pairs = [f"{env_key(k)}={env_value(v)}" for k, v in env.items()]
+    return ["bash", "-c", _IN_FOLDER, name, release, "env", *pairs, *argv]
 
 
 def render(plan: LaunchPlan) -> str:
@@ -50,7 +102,9 @@ def render(plan: LaunchPlan) -> str:
         "DFLASH_GPUS": str(plan.gpus),
         "DFLASH_PYTHON": plan.python,
     }
-    if plan.gpus > 1:
+    if plan.nodes > 1:
+        exports["DFLASH_NODES"] = str(plan.nodes)
+    if plan.world_size > 1 and plan.target_gpus > 0:
         exports["DFLASH_TARGET_GPUS"] = str(plan.target_gpus)
     lines = [
         "#!/usr/bin/env bash",

@@ -9,7 +9,9 @@ stop:    SIGINT, SIGTERM, SIGKILL to the job's process group, then end the sessi
 
 deploy, restart, rollback and stop hold the target's deploy lock (`lock.py`) while they act, so
 two of them never interleave; `force` takes over a lock whose holder is gone.
-status:  the session's state, the release, the last log lines and the trainer's last metrics.
+status:  the session's state, the release, the last log lines and the trainer's last metrics;
+         the place's GPUs from `nvidia-smi` with the role and memory of the ranks on each, and
+         per-role rates of a split run (`gpus.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_ops import doctor, state
+from dflash_ops import doctor, gpus, state
 from dflash_ops.job import JobState
 from dflash_ops.launch import LaunchPlan
 from dflash_ops.release import KEEP, build_bundle, new_release_id
@@ -151,6 +153,7 @@ def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:
         if current.started_at is not None
         else None
     )
+    metrics = last_metrics(ws)
     return {
         "target": ws.target.name,
         "place": ws.target.describe(),
@@ -163,8 +166,23 @@ def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:
         "log": ws.log_path,
         "log_bytes": max(size, 0),
         "last_lines": body.decode("utf-8", "replace").splitlines(),
-        "metrics": last_metrics(ws),
+        "metrics": metrics,
+        "split": gpus.split_summary(metrics),
+        **gpu_status(ws, metrics),
     }
+
+
+def gpu_status(ws: Workspace, metrics: dict[str, Any] | None) -> dict[str, Any]:
+    """`gpus`: one row per GPU at the place (None without nvidia-smi), `gpu_note`: why not."""
+    env = ws.config.job.env
+    readings, note = gpus.read(ws.place, env)
+    if readings is None:
+        return {"gpus": None, "gpu_note": note}
+    host = None
+    if len(gpus.hosts_of(metrics)) > 1:  # several nodes: only the ranks of this one are here
+        found = ws.place.run(["uname", "-n"], check=False)
+        host = found.stdout_text.strip() or None
+    return {"gpus": gpus.table(readings, metrics, env=env, host=host), "gpu_note": None}
 
 
 def last_metrics(ws: Workspace) -> dict[str, Any] | None:

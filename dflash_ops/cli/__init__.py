@@ -11,6 +11,7 @@
     dflash rollback [--to ID]
     dflash checkpoints [prune --keep N]
     dflash eval --prompts PATH [--checkpoint NAME] [--max-new-tokens N] [--limit N] [--json]
+    dflash plan [--gpus G] [--steps N] [--warmup N] [--json] [--force]
 
 Every failure is one message, a hint and a non-zero exit (`main` catches `DflashError`).
 """
@@ -31,6 +32,7 @@ from dflash_ops.cli import (
     init,
     logs,
     output,
+    plan,
     releases,
     status,
 )
@@ -46,7 +48,7 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-for group in (init, doctor, deploy, logs, status, control, releases, checkpoints, eval):
+for group in (init, doctor, deploy, logs, status, control, releases, checkpoints, eval, plan):
     app.add_typer(group.app)
 
 

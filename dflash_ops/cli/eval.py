@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from dflash_ops import evaluation
-from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
+from dflash_ops.cli.foreground import drain
 from dflash_ops.cli.options import (
     AcceptKeyOption,
     CtOption,
@@ -81,14 +81,5 @@ def eval_(
             as_json=as_json,
         )
         stream = evaluation.start(ws, request)
-        try:
-            for chunk in stream:
-                output.write_bytes(chunk)
-        except KeyboardInterrupt:
-            stream.close()
-            output.info("Interrupted; the evaluation was stopped.")
-            raise typer.Exit(130) from None
-        code = stream.exit_code or 0
-        if code != 0:
-            output.error(evaluation.failure(ws, stream))
+        code = drain(stream, what="evaluation", failure=lambda s: evaluation.failure(ws, s))
     raise typer.Exit(code)

@@ -1,4 +1,5 @@
-"""`dflash status`: is the job running, since when, on which release, and how is it doing."""
+"""`dflash status`: is the job running, since when, on which release, and how is it doing —
+down to each GPU of the place: its role in the split, utilisation and memory."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from rich.table import Table
 
 from dflash_ops import operations
 from dflash_ops.cli import output
@@ -41,7 +43,9 @@ def status(
     accept_new_host_key: AcceptKeyOption = False,
 ) -> None:
     """Show whether the job runs (or its exit code), since when, the release, the last log
-    lines, and the latest loss and throughput the trainer logged.
+    lines, the latest loss and throughput the trainer logged, and one line per GPU of the place
+    (role, utilisation and memory from nvidia-smi, torch's memory of the rank on it), with each
+    role's tokens/s, waiting share and the batches in flight of a target/drafter split.
 
     \b
     Examples:
@@ -84,6 +88,13 @@ def _print_human(report: dict[str, Any]) -> None:
     metrics = report["metrics"]
     if metrics:
         say(f"[bold]metrics[/bold]  {escape(_metrics(metrics))}")
+    if report.get("split"):
+        say(f"[bold]split[/bold]    {escape(_split(report['split']))}")
+    if report.get("gpus") is not None:
+        say("[bold]gpus[/bold]")
+        say(_gpu_table(report["gpus"]))
+    elif report.get("gpu_note"):
+        say(f"[bold]gpus[/bold]     [dim]{escape(report['gpu_note'])}[/dim]")
     say(f"[bold]log[/bold]      {escape(report['log'])}")
     for line in report["last_lines"]:
         say(f"  {escape(line)}")
@@ -111,3 +122,48 @@ def _metrics(metrics: dict[str, Any]) -> str:
     if isinstance(metrics.get("tokens_per_s"), (int, float)):
         parts.append(f"{metrics['tokens_per_s']:,.0f} tokens/s")
     return " · ".join(parts) or json.dumps(metrics)
+
+
+def _split(split: dict[str, Any]) -> str:
+    parts = []
+    for role, values in split["roles"].items():
+        if isinstance(values, dict):
+            parts.append(
+                f"{role} ×{values.get('ranks', '?')} {_num(values.get('tokens_per_s'))} tokens/s, "
+                f"waiting {_pct(values.get('wait_frac'))}"
+            )
+    if split.get("in_flight") is not None:
+        parts.append(f"{split['in_flight']} batches in flight")
+    return " · ".join(parts)
+
+
+def _gpu_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, pad_edge=False, padding=(0, 2, 0, 2), show_edge=False)
+    for name in ("gpu", "role", "ranks", "util"):
+        table.add_column(name, justify="left" if name == "role" else "right")
+    table.add_column("memory used / total", justify="right")
+    table.add_column("torch GiB", justify="right")
+    for row in rows:
+        used, total = row["mem_used_mib"], row["mem_total_mib"]
+        memory = f"{_num(used)} / {_num(total)} MiB"
+        if isinstance(used, (int, float)) and isinstance(total, (int, float)) and total > 0:
+            memory += f" ({100 * used / total:.0f}%)"
+        ranks = ",".join(str(r) for r in row["ranks"]) or "—"
+        util = row["util_pct"]
+        table.add_row(
+            str(row["index"]),
+            escape(row["role"]),
+            ranks,
+            "?" if util is None else f"{util:.0f}%",
+            memory,
+            "—" if row["mem_gib"] is None else f"{row['mem_gib']:.1f}",
+        )
+    return table
+
+
+def _num(value: object) -> str:
+    return f"{value:,.0f}" if isinstance(value, (int, float)) else "?"
+
+
+def _pct(value: object) -> str:
+    return f"{100 * value:.0f}%" if isinstance(value, (int, float)) else "?"
