@@ -43,34 +43,64 @@ _SKIP = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 
 COMPLETE = ".complete"  # written last into a release: everything before it is on disk
 
-# Makes room for the release and unpacks stdin into `releases/<id>.tmp`; the marker is written
-# only after tar succeeded and the files were flushed. Unfinished releases of earlier,
-# interrupted deploys (`*.tmp`) are removed first.
-_UNPACK = (
-    "set -e\n"
-    'rel=$1/releases; mkdir -p -- "$rel"\n'
-    'for d in "$rel"/*.tmp; do if [ -e "$d" ]; then rm -rf -- "$d"; fi; done\n'
-    'mkdir -- "$rel/$2.tmp"\n'
-    'tar -x --no-same-owner -C "$rel/$2.tmp" -f -\n'
-    'sync -f -- "$rel/$2.tmp"\n'
-    f': > "$rel/$2.tmp/{COMPLETE}"\n'
-)
+# A release id as a shell pattern (RELEASE_ID's glob twin; LC_ALL=C makes the ranges ASCII).
+RELEASE_GLOB = "[0-9]" * 8 + "-" + "[0-9]" * 6 + "-" + "[0-9]" * 3 + "-" + "[0-9a-f]" * 4
 
-# Completes release $2 (renames `.tmp` away once it has its marker), points `current` at it
-# atomically (a new link renamed over the old one), and lists all releases.
-_SWITCH = (
-    "set -e\n"
-    'cd -- "$1"\n'
-    f'if [ -f "releases/$2.tmp/{COMPLETE}" ]; then mv -T -- "releases/$2.tmp" "releases/$2"; fi\n'
-    f'[ -f "releases/$2/{COMPLETE}" ] || {{ echo "release $2 is not complete" >&2; exit 1; }}\n'
-    'ln -sfn -- "releases/$2" .current.tmp\n'
-    "mv -T -- .current.tmp current\n"
-    "ls -1 -- releases\n"
-)
-
+# The steps of a release as bash functions, values as positional arguments. `Releases` runs them
+# as commands; `dflash deploy` runs the same text inside its one command (`deploy_script`).
+FUNCTIONS = r"""
+dflash_unpack() {  # $1 root, $2 id; stdin: the bundle's tar
+  # Unfinished releases of earlier, interrupted deploys (`*.tmp`) are removed first; the
+  # marker is written only after tar succeeded and the files were flushed.
+  local rel=$1/releases d
+  mkdir -p -- "$rel" || return 1
+  for d in "$rel"/*.tmp; do if [ -e "$d" ]; then rm -rf -- "$d" || return 1; fi; done
+  mkdir -- "$rel/$2.tmp" || return 1
+  tar -x --no-same-owner -C "$rel/$2.tmp" -f - || return 1
+  sync -f -- "$rel/$2.tmp" || return 1
+  : > "$rel/$2.tmp/@COMPLETE@"
+}
+dflash_switch() {  # $1 root, $2 id: complete release $2, point `current` at it; list releases
+  # `.tmp` is renamed away once it has its marker; `current` moves atomically (a new link
+  # renamed over the old one).
+  ( cd -- "$1" || exit 1
+    if [ -f "releases/$2.tmp/@COMPLETE@" ]; then
+      mv -T -- "releases/$2.tmp" "releases/$2" || exit 1
+    fi
+    [ -f "releases/$2/@COMPLETE@" ] || { echo "release $2 is not complete" >&2; exit 1; }
+    ln -sfn -- "releases/$2" .current.tmp || exit 1
+    mv -T -- .current.tmp current || exit 1
+    ls -1 -- releases )
+}
+dflash_prune() {  # $1 root, $2 keep, $3 current, then release ids; prints each id it deleted
+  # All but the newest $2 go, never $3 and never the newest release older than $3 (the one
+  # `rollback` goes back to). Ids sort by time.
+  local LC_ALL=C root=$1 keep=$2 current=$3 id prev="" i
+  local -a ids=()
+  shift 3
+  while IFS= read -r id; do
+    case $id in @GLOB@) ids+=("$id") ;; esac
+  done < <(printf '%s\n' "$@" | sort -u)
+  [ "$keep" -gt 0 ] || return 0
+  for id in "${ids[@]}"; do [[ $id < $current ]] && prev=$id; done
+  for ((i = 0; i < ${#ids[@]} - keep; i++)); do
+    id=${ids[i]}
+    if [ "$id" = "$current" ] || [ "$id" = "$prev" ]; then continue; fi
+    rm -rf -- "$root/releases/$id" || return 1
+    printf '%s\n' "$id"
+  done
+}
+""".replace("@COMPLETE@", COMPLETE).replace("@GLOB@", RELEASE_GLOB)
+_UNPACK = FUNCTIONS + 'dflash_unpack "$@"\n'
+_SWITCH = FUNCTIONS + 'dflash_switch "$@"\n'
+_PRUNE = FUNCTIONS + 'dflash_prune "$@"\n'
 # Both in one command (`Releases.push_and_switch`); the marker line says the unpack succeeded.
 _UNPACKED = b"unpacked"
-_PUSH_AND_SWITCH = _UNPACK + f"echo {_UNPACKED.decode()}\n" + _SWITCH
+_PUSH_AND_SWITCH = FUNCTIONS + (
+    'dflash_unpack "$@" || exit 1\n'
+    f"echo {_UNPACKED.decode()}\n"
+    'dflash_switch "$@"\n'
+)
 
 # For every complete release: id, size in bytes, RELEASE.json squeezed onto one line; NUL-ended.
 _DESCRIBE = (
@@ -242,15 +272,14 @@ class Releases:
     def prune(
         self, releases: list[str], *, keep: int = KEEP, current: str | None = None
     ) -> list[str]:
-        """Delete all but the newest `keep` releases — never `current`, never the release
-        `rollback` would go back to (the newest complete one before `current`)."""
+        """Delete all but the newest `keep` of `releases` — never `current`, never the release
+        `rollback` would go back to (the newest one before `current`): `dflash_prune`."""
         current = current or self.current()
-        protected = {current, previous(releases, current)}
-        old = [r for r in sorted(releases)[:-keep] if r not in protected] if keep > 0 else []
-        if old:
-            paths = [f"{self.root}/releases/{_checked(r)}" for r in old]
-            self.place.run(["rm", "-rf", "--", *paths])
-        return old
+        names = [_checked(r) for r in releases]
+        result = self.place.run(
+            ["bash", "-c", _PRUNE, "dflash-prune", self.root, str(keep), current or "", *names]
+        )
+        return _release_names(result.stdout)
 
     def deploy(self, bundle: Bundle, *, keep: int = KEEP) -> list[str]:
         """push → switch (one command) → prune; returns the releases that were removed."""
