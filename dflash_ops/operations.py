@@ -1,8 +1,9 @@
 """What each command does, in order, on a `Workspace`. The CLI only parses and prints.
 
-deploy:  build the bundle → push it (one tar stream) → switch `current` → keep the last 5 →
-         stop the running job → archive the checkpoints (unless resuming) → start the job →
-         remember the target in `.dflash/state.json`.
+deploy:  build the bundle; then, at the place in ONE command (`deploy_script`): check tmux and
+         python → take the lock → push it (one tar stream) → switch `current` → keep the last 5
+         → stop the running job → archive the checkpoints (unless resuming) → start the job →
+         release the lock; remember the target in `.dflash/state.json`.
 restart: stop → archive (with `--clean`) → start the job of the current release.
 rollback: switch `current` to an earlier complete release → stop → start (resuming).
 stop:    SIGINT, SIGTERM, SIGKILL to the job's process group, then end the session.
@@ -21,10 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_ops import doctor, state
+from dflash_ops import deploy_script, state
+from dflash_ops.checks import Setup
 from dflash_ops.job import JobState
 from dflash_ops.launch import LaunchPlan
-from dflash_ops.release import KEEP, build_bundle, new_release_id
+from dflash_ops.release import build_bundle, new_release_id
 from dflash_ops.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -54,12 +56,11 @@ class RestartReport:
 
 def start_job(ws: Workspace) -> JobState:
     """Start the current release's `launch.sh` in the job session."""
-    root = ws.target.root
-    return ws.job().start(
-        ["bash", f"{root}/current/launch.sh"],
-        cwd=f"{root}/current",
-        env=ws.config.job.env,
-    )
+    return ws.job().start(launch_argv(ws), cwd=f"{ws.target.root}/current", env=ws.config.job.env)
+
+
+def launch_argv(ws: Workspace) -> list[str]:
+    return ["bash", f"{ws.target.root}/current/launch.sh"]
 
 
 def deploy(
@@ -70,7 +71,9 @@ def deploy(
     say: Say = _quiet,
     warn: Say | None = None,
 ) -> DeployReport:
-    doctor.preflight(ws)  # reachable, container, tmux, python: stop before touching anything
+    """Build the bundle here, then do everything at the place in ONE command
+    (`deploy_script`): preflight (tmux, python), lock, unpack, switch, prune, stop, archive,
+    start, unlock. A held lock costs `DeployLock.acquire`'s commands and one more run."""
     job_config = ws.config.job
     plan = LaunchPlan(
         release_id=new_release_id(),
@@ -84,15 +87,21 @@ def deploy(
         ws.config.project_dir, plan=plan, train=ws.config.train, target=ws.target.describe()
     )
     say(f"Release {bundle.release_id} ({len(bundle.data) / 1024:.0f} KiB) → {ws.target.describe()}")
-    with ws.lock(warn=warn or say).held("deploy", force=force):
-        removed = ws.releases().deploy(bundle, keep=KEEP)
-        stopped = ws.job().stop()
-        if stopped is not None:
-            say(f"Stopped the previous job (exit {stopped.exit_code}).")
-        archived = None if resume else ws.checkpoints().archive()
-        if archived:
-            say(f"Archived the previous checkpoints into {archived}.")
-        started = start_job(ws)
+    remote = deploy_script.DeployPlan(
+        setup=Setup.of(ws),
+        releases=ws.releases(),
+        job=ws.job(),
+        lock=ws.lock(warn=warn or say),
+        checkpoints=ws.checkpoints(),
+        launch=launch_argv(ws),
+        cwd=f"{ws.target.root}/current",
+        env=dict(job_config.env),
+    )
+    done = deploy_script.deploy(remote, bundle, resume=resume, force=force)
+    if done.stopped is not None:
+        say(f"Stopped the previous job (exit {done.stopped.exit_code}).")
+    if done.archived:
+        say(f"Archived the previous checkpoints into {done.archived}.")
     state.save(
         ws.config.project_dir,
         state.DeployRecord(
@@ -104,10 +113,10 @@ def deploy(
     )
     return DeployReport(
         release=bundle.release_id,
-        removed=removed,
-        stopped=stopped,
-        archived=archived,
-        started=started,
+        removed=done.removed,
+        stopped=done.stopped,
+        archived=done.archived,
+        started=done.started,
     )
 
 

@@ -97,9 +97,7 @@ _PRUNE = FUNCTIONS + 'dflash_prune "$@"\n'
 # Both in one command (`Releases.push_and_switch`); the marker line says the unpack succeeded.
 _UNPACKED = b"unpacked"
 _PUSH_AND_SWITCH = FUNCTIONS + (
-    'dflash_unpack "$@" || exit 1\n'
-    f"echo {_UNPACKED.decode()}\n"
-    'dflash_switch "$@"\n'
+    f'dflash_unpack "$@" || exit 1\necho {_UNPACKED.decode()}\ndflash_switch "$@"\n'
 )
 
 # For every complete release: id, size in bytes, RELEASE.json squeezed onto one line; NUL-ended.
@@ -216,20 +214,20 @@ class Releases:
     def push(self, bundle: Bundle) -> None:
         """Unpack the bundle, streamed as one tar, into `releases/<id>.tmp`."""
         result = self.place.run(
-            ["bash", "-c", _UNPACK, "dflash-unpack", self.root, _checked(bundle.release_id)],
+            ["bash", "-c", _UNPACK, "dflash-unpack", self.root, checked_id(bundle.release_id)],
             stdin=bundle.data,
             check=False,
         )
         if result.exit_code != 0:
-            raise self._unpack_failed(bundle.release_id, result.stderr_text)
+            raise self.unpack_failed(bundle.release_id, result.stderr_text)
 
     def switch(self, release_id: str) -> list[str]:
         """Complete `release_id` and point `current` at it; returns every release, oldest first."""
         result = self.place.run(
-            ["bash", "-c", _SWITCH, "dflash-switch", self.root, _checked(release_id)], check=False
+            ["bash", "-c", _SWITCH, "dflash-switch", self.root, checked_id(release_id)], check=False
         )
         if result.exit_code != 0:
-            raise self._switch_failed(release_id, result.stderr_text)
+            raise self.switch_failed(release_id, result.stderr_text)
         return _release_names(result.stdout)
 
     def push_and_switch(self, bundle: Bundle) -> list[str]:
@@ -243,7 +241,7 @@ class Releases:
                 _PUSH_AND_SWITCH,
                 "dflash-release",
                 self.root,
-                _checked(bundle.release_id),
+                checked_id(bundle.release_id),
             ],
             stdin=bundle.data,
             check=False,
@@ -251,18 +249,18 @@ class Releases:
         marker, _, names = result.stdout.partition(b"\n")
         if result.exit_code != 0:
             if marker == _UNPACKED:
-                raise self._switch_failed(bundle.release_id, result.stderr_text)
-            raise self._unpack_failed(bundle.release_id, result.stderr_text)
+                raise self.switch_failed(bundle.release_id, result.stderr_text)
+            raise self.unpack_failed(bundle.release_id, result.stderr_text)
         return _release_names(names)
 
-    def _unpack_failed(self, release_id: str, stderr: str) -> ReleaseError:
+    def unpack_failed(self, release_id: str, stderr: str) -> ReleaseError:
         return ReleaseError(
             f"Could not unpack release {release_id} into {self.root}/releases on "
             f"{self.place.description}: {_last_line(stderr)}",
             hint="Check free space and permissions there; the current release is unchanged.",
         )
 
-    def _switch_failed(self, release_id: str, stderr: str) -> ReleaseError:
+    def switch_failed(self, release_id: str, stderr: str) -> ReleaseError:
         return ReleaseError(
             f"Could not switch {self.current_path} to release {release_id} on "
             f"{self.place.description}: {_last_line(stderr)}",
@@ -275,7 +273,7 @@ class Releases:
         """Delete all but the newest `keep` of `releases` — never `current`, never the release
         `rollback` would go back to (the newest one before `current`): `dflash_prune`."""
         current = current or self.current()
-        names = [_checked(r) for r in releases]
+        names = [checked_id(r) for r in releases]
         result = self.place.run(
             ["bash", "-c", _PRUNE, "dflash-prune", self.root, str(keep), current or "", *names]
         )
@@ -378,7 +376,7 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no error output"
 
 
-def _checked(release_id: str) -> str:
+def checked_id(release_id: str) -> str:
     if not RELEASE_ID.fullmatch(release_id):
         raise ReleaseError(f"{release_id!r} is not a release id.")
     return release_id
