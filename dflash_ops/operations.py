@@ -74,6 +74,7 @@ def deploy(
     """Build the bundle here, then do everything at the place in ONE command
     (`deploy_script`): preflight (tmux, python), lock, unpack, switch, prune, stop, archive,
     start, unlock. A held lock costs `DeployLock.acquire`'s commands and one more run."""
+    ws.open(check=False)  # the deploy's one command is the container check (see Workspace.open)
     job_config = ws.config.job
     plan = LaunchPlan(
         release_id=new_release_id(),
