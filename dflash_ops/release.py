@@ -345,11 +345,14 @@ class Releases:
     def require_current(self) -> str:
         release = self.current()
         if release is None:
-            raise ReleaseError(
-                f"Nothing is deployed at {self.root} on {self.place.description}.",
-                hint="Deploy first: dflash deploy",
-            )
+            raise self.nothing_deployed()
         return release
+
+    def nothing_deployed(self) -> ReleaseError:
+        return ReleaseError(
+            f"Nothing is deployed at {self.root} on {self.place.description}.",
+            hint="Deploy first: dflash deploy",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,8 +1,8 @@
 """`dflash deploy` as one remote command (`deploy_script`), with real parts: the loopback sshd
 (whose log counts the commands a deploy ran), the `pct` stand-in, real tmux and files.
 
-Counted, not timed: a deploy at an SSH host or in a container is ONE command on ONE
-connection; a held lock costs the lock's own commands and one more run. The failure paths
+Counted, not timed: a deploy, a restart and a stop at an SSH host or in a container are ONE
+command each on ONE connection; a held lock costs the lock's own commands and one more run. The failure paths
 (a live holder, a stale one, `--force`, no python, a broken tarball) raise the step's own
 error and leave `current`, the running job and the lock as they were."""
 
@@ -95,7 +95,15 @@ def test_a_deploy_is_one_command_on_one_connection(remote: Where, sshd) -> None:
     assert not (remote.root / LOCK_NAME).is_symlink()
     report = remote.status()
     assert report["running"] and report["release"] == remote.releases()[-1] != release
-    assert remote.run("stop").returncode == 0
+
+    for command in (["restart"], ["restart", "--clean"], ["stop"]):  # one command each, too
+        before = sessions(sshd)
+        result = remote.run(*command)
+        after = sessions(sshd)
+        assert result.returncode == 0, result.stderr
+        assert (after[0] - before[0], after[1] - before[1]) == (1, 1), command
+    assert len(list((remote.checkpoints / "archive").iterdir())) == 2
+    assert not remote.status()["exists"]
 
 
 def holder(**changes: object) -> str:
@@ -169,7 +177,7 @@ def test_a_python_that_does_not_run_stops_before_anything(remote: Where, sshd) -
 
 
 def test_a_broken_tarball_leaves_current_and_the_job(remote: Where) -> None:
-    """Through `deploy_script.deploy` with a bundle that is not a tar: the unpack fails with the
+    """Through `deploy_script.run` with a bundle that is not a tar: the unpack fails with the
     release layer's error; `current`, the running job and the checkpoints stay; the lock goes."""
     remote.config('echo "run of $DFLASH_RELEASE"; sleep 60')
     assert remote.run("deploy", *remote.flags).returncode == 0
@@ -199,7 +207,7 @@ def test_a_broken_tarball_leaves_current_and_the_job(remote: Where) -> None:
         bundle = build_bundle(ws.config.project_dir, plan=launch, train={}, target="x")
         broken = type(bundle)(release_id=bundle.release_id, data=b"not a tar\n" * 200, meta={})
         with pytest.raises(ReleaseError, match="Could not unpack") as err:
-            deploy_script.deploy(plan, broken)
+            deploy_script.run(plan, deploy_script.Steps(doing="deploy", bundle=broken))
         assert "current release is unchanged" in err.value.hint
     finally:
         ws.close()
