@@ -2,8 +2,10 @@
 
 The session runs one argv with the job's environment; stdout and stderr are appended to the log
 file and the pane is kept after the process exits (`remain-on-exit on`), so the exit status can
-still be read (`#{pane_dead_status}`). Locally tmux is driven through libtmux; at a remote place
-the same tmux argv goes through the place (one SSH channel, or `pct exec` inside a container).
+still be read (`#{pane_dead_status}`). Starting and stopping are bash functions (`FUNCTIONS`)
+run as ONE command at the place — a subprocess here, one SSH channel, or `pct exec` inside a
+container — and `dflash deploy` runs the same functions inside its own one command. Reading the
+state goes through libtmux locally and through the place elsewhere (the same tmux argv).
 
 Nothing here knows what the command is: the release layer decides that.
 """
