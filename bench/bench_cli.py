@@ -192,7 +192,7 @@ def bench_inprocess_deploy(where: Where, reps: int) -> dict[str, Any]:
             start = time.perf_counter()
             ws = Workspace.load(config_file=None, flags=TargetFlags())
             place = CountingPlace(open_place(ws.target))
-            place.ensure_ready()
+            place.transport.connect()  # as `operations.deploy` opens it (no `pct status`)
             ws._place = place
             try:
                 operations.deploy(ws)

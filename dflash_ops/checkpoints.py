@@ -41,22 +41,26 @@ _REMOVE_ARCHIVED = (
     'rm -rf -- "$target"\n'
 )
 
-# Moves every entry of folder $1 except `{ARCHIVE}/` into $2 (created only when there is
-# something to move) in one command at the place; prints `moved` when it moved anything.
+# Archiving as a bash function (values as positional arguments): `Checkpoints.archive` runs it as
+# one command; `dflash deploy` runs the same text inside its one command (`deploy_script`).
 # Entries are the folder's own names (globs, hidden ones included), never paths from outside.
-_ARCHIVE = (
-    "set -e\n"
-    '[ -d "$1" ] || exit 0\n'
-    'cd -- "$1"; dest=$2; set --\n'
-    "for e in * .[!.]* ..?*; do\n"
-    '  { [ -e "$e" ] || [ -L "$e" ]; } || continue\n'
-    f'  [ "$e" = {ARCHIVE} ] || set -- "$@" "$e"\n'
-    "done\n"
-    '[ "$#" -gt 0 ] || exit 0\n'
-    'mkdir -p -- "$dest"\n'
-    'mv -- "$@" "$dest/"\n'
-    "echo moved\n"
-)
+FUNCTIONS = r"""
+dflash_archive() {  # $1 folder, $2 destination; prints `moved` when it moved anything
+  # Every entry except `@ARCHIVE@/` moves into $2 (created only when there is something to move).
+  [ -d "$1" ] || return 0
+  ( cd -- "$1" || exit 1
+    dest=$2; set --
+    for e in * .[!.]* ..?*; do
+      { [ -e "$e" ] || [ -L "$e" ]; } || continue
+      [ "$e" = @ARCHIVE@ ] || set -- "$@" "$e"
+    done
+    [ "$#" -gt 0 ] || exit 0
+    mkdir -p -- "$dest" || exit 1
+    mv -- "$@" "$dest/" || exit 1
+    echo moved )
+}
+""".replace("@ARCHIVE@", ARCHIVE)
+_ARCHIVE = FUNCTIONS + 'dflash_archive "$@"\n'
 
 # Names of the entries of folder $1, NUL-separated; nothing when the folder does not exist.
 _ENTRIES = (
@@ -110,13 +114,17 @@ class Checkpoints:
             entries.append(Entry(name=name, kind=kind, size=int(size), mtime=float(mtime)))
         return sorted(entries, key=lambda e: e.name)
 
+    def archive_dest(self, *, now: dt.datetime | None = None) -> str:
+        """`archive/<UTC time>`: where `archive` moves the live entries."""
+        now = now or dt.datetime.now(dt.UTC)
+        return f"{self.archive_dir}/{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z"
+
     def archive(self, *, now: dt.datetime | None = None) -> str | None:
         """Move every entry except `archive/` into `archive/<UTC time>/`; returns that folder.
 
         Returns None when there was nothing to move.
         """
-        now = now or dt.datetime.now(dt.UTC)
-        dest = f"{self.archive_dir}/{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z"
+        dest = self.archive_dest(now=now)
         result = self.place.run(["bash", "-c", _ARCHIVE, "dflash-archive", self.path, dest])
         return dest if result.stdout.strip() == b"moved" else None
 

@@ -18,6 +18,7 @@ from dflash_ops import shell
 from dflash_ops.config import JobConfig, Target
 from dflash_ops.errors import DflashError
 from dflash_ops.place import Place
+from dflash_ops.transport import Result
 from dflash_ops.workspace import Workspace
 
 MIN_TORCH = (2, 6)
@@ -119,14 +120,19 @@ def check_container(setup: Setup, place: Place, _: Findings) -> Check:
 def check_tmux(setup: Setup, place: Place, _: Findings) -> Check:
     """`tmux -V`: the job runs in a tmux session, so tmux must be on the place's PATH."""
     result = place.run(["tmux", "-V"], check=False, timeout=PROBE_TIMEOUT)
+    return judge_tmux(setup, place.description, result)
+
+
+def judge_tmux(setup: Setup, where: str, result: Result) -> Check:
+    """The tmux check's verdict on the result of `tmux -V` at `where` (also run by deploy)."""
     if result.exit_code == 0:
         return passed("tmux", result.stdout_text.strip())
-    where = " inside the container" if setup.target.place == "proxmox" else ""
+    inside = " inside the container" if setup.target.place == "proxmox" else ""
     return failed(
         "tmux",
-        f"tmux is not installed (or not on PATH) on {place.description} "
+        f"tmux is not installed (or not on PATH) on {where} "
         f"(exit {result.exit_code}: {last_line(result.stderr_text)})",
-        f"Install it{where}: apt-get install -y tmux (or dnf install tmux).",
+        f"Install it{inside}: apt-get install -y tmux (or dnf install tmux).",
     )
 
 
@@ -159,40 +165,57 @@ def job_argv(setup: Setup, argv: Sequence[str]) -> list[str]:
     return ["env", *pairs, *argv]
 
 
-_VERSION_PROBE = (
+MIN_PYTHON = (3, 11)
+# The cheap probe: version only (no torch import); it exits 3 on a Python older than MIN_PYTHON,
+# so that `dflash deploy`'s one command stops there before touching anything.
+VERSION_PROBE = (
     "import json, platform, sys; "
-    'print(json.dumps({"python": platform.python_version(), "executable": sys.executable}))'
+    'print(json.dumps({"python": platform.python_version(), "executable": sys.executable})); '
+    f"sys.exit(3 if sys.version_info < {MIN_PYTHON} else 0)"
 )
 
 
 def check_python_runs(setup: Setup, place: Place, found: Findings) -> Check:
     """`check_python` without importing torch: fast enough to run before every deploy."""
-    return check_python(setup, place, found, probe=_VERSION_PROBE)
+    return check_python(setup, place, found, probe=VERSION_PROBE)
+
+
+def python_probe_argv(setup: Setup, probe: str = VERSION_PROBE) -> list[str]:
+    """The job's python running `probe` with the job's environment."""
+    return job_argv(setup, [setup.target.python, "-c", probe])
 
 
 def check_python(setup: Setup, place: Place, found: Findings, *, probe: str = _PROBE) -> Check:
     """The configured `python` starts and answers the probe (version, torch, CUDA)."""
+    result = place.run(python_probe_argv(setup, probe), check=False, timeout=PROBE_TIMEOUT)
+    return judge_python(setup, place.description, result, found)
+
+
+def judge_python(setup: Setup, where: str, result: Result, found: Findings) -> Check:
+    """The python check's verdict on the probe's result at `where` (also run by deploy)."""
     python = setup.target.python
     fix = (
         f'Install Python 3.11+ there, or set python = "/path/to/python" in the target\'s table '
         f"of deploy.toml (now {python!r})."
     )
-    result = place.run(job_argv(setup, [python, "-c", probe]), check=False, timeout=PROBE_TIMEOUT)
-    if result.exit_code != 0:
-        return failed(
-            "python",
-            f"{python} does not run on {place.description} (exit {result.exit_code}: "
-            f"{last_line(result.stderr_text)})",
-            fix,
-        )
     try:
         found.python = json.loads(result.stdout_text.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return failed("python", f"{python} printed no probe answer: {result.stdout_text!r}", fix)
-    version = found.python.get("python", "?")
+        found.python = {}
+    version = str(found.python.get("python", "?")) if isinstance(found.python, dict) else "?"
     major_minor = tuple(int(x) for x in version.split(".")[:2] if x.isdigit())
-    if major_minor < (3, 11):
+    if major_minor and major_minor < MIN_PYTHON:
         return failed("python", f"{python} is Python {version}; the trainer needs 3.11+", fix)
+    if result.exit_code != 0:
+        return failed(
+            "python",
+            f"{python} does not run on {where} (exit {result.exit_code}: "
+            f"{last_line(result.stderr_text)})",
+            fix,
+        )
+    if not found.python or not isinstance(found.python, dict):
+        found.python = {}
+        return failed("python", f"{python} printed no probe answer: {result.stdout_text!r}", fix)
     return passed("python", f"{python}: Python {version} ({found.python.get('executable')})")
 
 

@@ -136,8 +136,13 @@ def preflight(ws: Workspace) -> list[Check]:
     checks = diagnose(setup, place, steps=steps)
     for check in checks:
         if not check.ok and not check.skipped:
-            raise PreflightFailed(f"{check.name}: {check.detail}", hint=check.fix)
+            raise failure(check)
     return checks
+
+
+def failure(check: Check) -> PreflightFailed:
+    """The error `dflash deploy` stops with when `check` failed: its detail and its fix."""
+    return PreflightFailed(f"{check.name}: {check.detail}", hint=check.fix)
 
 
 def all_ok(checks: Sequence[Check]) -> bool:

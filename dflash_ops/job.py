@@ -2,8 +2,10 @@
 
 The session runs one argv with the job's environment; stdout and stderr are appended to the log
 file and the pane is kept after the process exits (`remain-on-exit on`), so the exit status can
-still be read (`#{pane_dead_status}`). Locally tmux is driven through libtmux; at a remote place
-the same tmux argv goes through the place (one SSH channel, or `pct exec` inside a container).
+still be read (`#{pane_dead_status}`). Starting and stopping are bash functions (`FUNCTIONS`)
+run as ONE command at the place — a subprocess here, one SSH channel, or `pct exec` inside a
+container — and `dflash deploy` runs the same functions inside its own one command. Reading the
+state goes through libtmux locally and through the place elsewhere (the same tmux argv).
 
 Nothing here knows what the command is: the release layer decides that.
 """
@@ -34,26 +36,109 @@ _PLACEHOLDER = ("sleep", "2147483647")
 # dead, closes it, and the job would then get SIGHUP.
 WRAPPER = 'exec >>"$DFLASH_LOG" 2>&1 || exit 125\ncd -- "$DFLASH_CWD" || exit 126\nexec "$@"\n'
 
-# Creates folder $1, then runs the rest of the arguments (a tmux argv): one command, not two.
-_MKDIR_THEN = 'mkdir -p -- "$1" || exit 125\nshift\nexec "$@"\n'
-
-# Sends a signal to a process group and waits (in 0.1 s ticks) until no live member is left.
-# Exit 0: the group is gone; 1: still alive after the wait. Zombies do not count: a pane
-# process that tmux has not reaped yet is already dead (`kill -0` would still see it).
-# /proc is scanned with the `read` builtin: a `cat` per process costs a fork each, seconds
-# on a busy machine with a few hundred processes.
-_SIGNAL_AND_WAIT = (
-    "alive() { for f in /proc/[0-9]*/stat; do\n"
-    '  { read -r s < "$f"; } 2>/dev/null || continue; s=${s##*) }\n'
-    '  set -- $s; [ "$1" != Z ] && [ "$3" = "$PG" ] && return 0\n'
-    "done; return 1; }\n"
-    'PG=$2; kill -s "$1" -- "-$PG" 2>/dev/null || exit 0\n'
-    "n=0\n"
-    "while alive; do\n"
-    '  [ "$n" -ge "$3" ] && exit 1\n'
-    "  sleep 0.1; n=$((n + 1))\n"
-    "done\n"
+_FORMAT = (
+    "#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_pid}|#{session_created}|#{pid}"
 )
+# The job's lifecycle as bash functions: `Job.start` and `Job.stop` run them as one command at
+# the place, and `dflash deploy` runs the very same text inside its one command (`deploy_script`).
+# Values arrive as positional arguments only. A state line is `_FORMAT` as list-panes prints it.
+FUNCTIONS = r"""
+dflash_have_tmux() {
+  command -v tmux >/dev/null || { echo "tmux: command not found" >&2; return 1; }
+}
+dflash_job_read() {  # $1 socket, $2 session: the pane's state line; nothing without a session
+  local out
+  out=$(tmux -L "$1" list-panes -t "=$2:" -F '@FORMAT@' 2>/dev/null) || return 0
+  printf '%s\n' "${out%%$'\n'*}"
+}
+dflash_job_ended() {  # $1 a state line: 0 when the job has ended (tmux knows its status)
+  local dead status signal rest
+  IFS='|' read -r dead status signal rest <<< "$1"
+  [ "$dead" = 1 ] && [ -n "$status$signal" ]
+}
+dflash_job_state() {  # $1 socket, $2 session: the state line, once tmux has a status to show
+  local line n=0 dead rest server
+  line=$(dflash_job_read "$1" "$2")
+  # tmux 3.3 sometimes misses the SIGCHLD of a pane process (the pane is dead but has no
+  # status); another SIGCHLD makes it reap the process and record the status.
+  while [ "${line%%|*}" = 1 ] && ! dflash_job_ended "$line" && [ "$n" -lt 10 ]; do
+    if [ "$n" = 0 ]; then
+      IFS='|' read -r dead rest rest rest rest server <<< "$line"
+      kill -s CHLD "$server" 2>/dev/null
+    fi
+    sleep 0.02; n=$((n + 1))
+    line=$(dflash_job_read "$1" "$2")
+  done
+  [ -z "$line" ] || printf '%s\n' "$line"
+}
+dflash_group_alive() {  # $1 a process group: 0 while a live member is left (zombies are dead)
+  # /proc is scanned with the `read` builtin: a `cat` per process costs a fork each, seconds
+  # on a busy machine with a few hundred processes.
+  local f s pg=$1
+  for f in /proc/[0-9]*/stat; do
+    { read -r s < "$f"; } 2>/dev/null || continue; s=${s##*) }
+    set -- $s; [ "$1" != Z ] && [ "$3" = "$pg" ] && return 0
+  done
+  return 1
+}
+dflash_signal_and_wait() {  # $1 signal, $2 process group, $3 ticks of 0.1 s. 1: still alive
+  # Looks every 0.02 s: most jobs are gone a few ms after the signal.
+  local n=0
+  kill -s "$1" -- "-$2" 2>/dev/null || return 0
+  while dflash_group_alive "$2"; do
+    [ "$n" -ge $(($3 * 5)) ] && return 1
+    sleep 0.02; n=$((n + 1))
+  done
+}
+dflash_job_stop() {  # $1 socket, $2 session, $3 $4 $5 ticks after SIGINT, SIGTERM, SIGKILL
+  # Prints the job's last state line (nothing when there was no session), ends the session.
+  local line dead status signal pid rest sig ticks n=0
+  dflash_have_tmux || return 127
+  line=$(dflash_job_state "$1" "$2")
+  [ -n "$line" ] || return 0
+  IFS='|' read -r dead status signal pid rest <<< "$line"
+  if ! dflash_job_ended "$line" && [ -n "$pid" ]; then
+    for sig in INT TERM KILL; do
+      case $sig in INT) ticks=$3 ;; TERM) ticks=$4 ;; *) ticks=$5 ;; esac
+      dflash_signal_and_wait "$sig" "$pid" "$ticks" && break
+    done
+    line=$(dflash_job_state "$1" "$2")  # tmux reaps the pane asynchronously
+    while ! dflash_job_ended "$line" && [ "$n" -lt 20 ]; do
+      sleep 0.05; n=$((n + 1)); line=$(dflash_job_state "$1" "$2")
+    done
+  fi
+  tmux -L "$1" kill-session -t "=$2" >/dev/null 2>&1
+  printf '%s\n' "$line"
+}
+dflash_job_start() {  # $1 socket, $2 session, $3 the log's folder, then tmux's start arguments
+  # Prints the new pane's state line. Exit 5: the job is running. A dead session left by an
+  # earlier run is removed first.
+  local sock=$1 sess=$2 line out rc
+  dflash_have_tmux || return 127
+  line=$(dflash_job_state "$sock" "$sess")
+  if [ -n "$line" ]; then
+    dflash_job_ended "$line" || { echo "the job session $sess is running" >&2; return 5; }
+    tmux -L "$sock" kill-session -t "=$sess" >/dev/null 2>&1
+  fi
+  mkdir -p -- "$3" || return 125
+  shift 3
+  out=$(tmux -L "$sock" "$@" 2>&1); rc=$?
+  if [ "$rc" != 0 ] && ! tmux -L "$sock" has-session -t "=$sess" 2>/dev/null; then
+    case $out in  # the server of a session just killed was still exiting, and took this one
+      *"no current target"* | *"server exited"* | *"lost server"*)
+        sleep 0.3; out=$(tmux -L "$sock" "$@" 2>&1); rc=$? ;;
+    esac
+  fi
+  [ "$rc" = 0 ] || { printf '%s\n' "$out" >&2; return "$rc"; }
+  line=${out%%$'\n'*}
+  if [ "${line%%|*}" = 1 ] && ! dflash_job_ended "$line"; then
+    line=$(dflash_job_state "$sock" "$sess")
+  fi
+  printf '%s\n' "$line"
+}
+"""
+FUNCTIONS = FUNCTIONS.replace("@FORMAT@", _FORMAT)
+_RUNNING = 5  # dflash_job_start: the session is running
 
 # Streams the log from byte $1 while process $2 lives (a zombie counts as gone), polling every
 # $4 s. Whatever is written after the end is read by the caller from the byte offset.
@@ -74,9 +159,6 @@ _SIZE_AND_TAIL = (
     'head -c "$s" -- "$1" | tail -n "$2"\n'
 )
 
-_FORMAT = (
-    "#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_pid}|#{session_created}|#{pid}"
-)
 _MISSING = ("can't find session", "no server running", "error connecting", "can't find window")
 
 
@@ -131,18 +213,13 @@ class Job:
 
     # tmux -------------------------------------------------------------------------------
 
-    def tmux(self, *args: str, mkdir: str | None = None) -> TmuxResult:
-        """`tmux -L <socket> ARGS…`, locally through libtmux, elsewhere through the place.
-
-        `mkdir`: a folder to create first, in the same command at a remote place.
-        """
+    def tmux(self, *args: str) -> TmuxResult:
+        """`tmux -L <socket> ARGS…`, locally through libtmux, elsewhere through the place."""
         args = tuple(a if a == ";" else tmux_arg(a) for a in args)
         # Only the subcommands: arguments may hold env values, which may be secrets.
         commands = [args[0], *(args[i + 1] for i, a in enumerate(args[:-1]) if a == ";")]
         log.debug("tmux -L %s %s on %s", self.socket, " ; ".join(commands), self.place.description)
         if self.local:
-            if mkdir is not None:
-                self.place.run(["mkdir", "-p", "--", mkdir])
             import libtmux
             from libtmux import exc as libtmux_exc
 
@@ -151,10 +228,7 @@ class Job:
             except libtmux_exc.TmuxCommandNotFound:
                 raise _tmux_missing("this machine") from None
             return TmuxResult(proc.returncode, "\n".join(proc.stdout), "\n".join(proc.stderr))
-        argv = ["tmux", "-L", self.socket, *args]
-        if mkdir is not None:
-            argv = ["bash", "-c", _MKDIR_THEN, "dflash-tmux", mkdir, *argv]
-        result = self.place.run(argv, check=False)
+        result = self.place.run(["tmux", "-L", self.socket, *args], check=False)
         if result.exit_code == 127:
             raise _tmux_missing(self.place.description)
         return TmuxResult(
@@ -228,30 +302,18 @@ class Job:
         )
         return state, int(server) if server.isdigit() else None, dead == "1"
 
-    def start(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str]) -> JobState:
-        """Start `argv` in `cwd` with `env`, appending stdout+stderr to the log.
-
-        Runs, in one tmux invocation:
+    def start_args(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str]) -> list[str]:
+        """The arguments of `dflash_job_start` that start `argv` in `cwd` with `env`:
+        socket, session, the log's folder, then one tmux invocation —
         `new-session -d -s S sleep… ; set-option -w -t =S: remain-on-exit on ;
-        respawn-pane -k -t =S: -e K=V… -- bash -c WRAPPER dflash-job ARGV… ; list-panes …`
-        (at a remote place after `mkdir -p` of the log's folder, in the same command).
-        A dead session left by an earlier run is removed first; a running one is refused.
-        """
+        respawn-pane -k -t =S: -e K=V… -- bash -c WRAPPER dflash-job ARGV… ; list-panes …`."""
         if not argv:
             raise DflashError("Refusing to start an empty command.")
-        current = self.state()
-        if current.running:
-            raise JobRunning(
-                f"Job session {self.session!r} is already running on {self.place.description}.",
-            )
-        if current.exists:
-            self.tmux("kill-session", "-t", f"={self.session}")
         job_env = {shell.env_key(k): shell.env_value(v) for k, v in env.items()}
         job_env["DFLASH_LOG"] = shell.env_value(self.log)
         job_env["DFLASH_CWD"] = shell.env_value(cwd)
         env_args = [arg for k, v in job_env.items() for arg in ("-e", f"{k}={v}")]
         target = f"={self.session}:"
-        # One command: make the log's folder, start, and read the new pane's state back.
         start = (
             "new-session", "-d", "-s", self.session, "-x", "200", "-y", "50", *_PLACEHOLDER,
             ";", "set-option", "-w", "-t", target, "remain-on-exit", "on",
@@ -259,56 +321,68 @@ class Job:
             "--", "bash", "-c", WRAPPER, "dflash-job", *argv,
             ";", *self._list_panes(),
         )  # fmt: skip
-        result = self.tmux(*start, mkdir=_parent(self.log))
-        if result.exit_code != 0 and _server_went_away(result) and not self.state().exists:
-            # The server of a session just killed was still exiting and took the new one with it.
-            time.sleep(0.3)
-            result = self.tmux(*start, mkdir=_parent(self.log))
-        self._check(result, "start the job")
+        tmux_args = [a if a == ";" else tmux_arg(a) for a in start]
+        return [self.socket, self.session, _parent(self.log), *tmux_args]
+
+    def start(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str]) -> JobState:
+        """Start `argv` in `cwd` with `env`, appending stdout+stderr to the log: ONE command at
+        the place, `dflash_job_start` (see `start_args`). A running job is refused."""
+        result = self.place.run(
+            ["bash", "-c", FUNCTIONS + 'dflash_job_start "$@"\n', "dflash-start",
+             *self.start_args(argv, cwd=cwd, env=env)],
+            check=False,
+        )  # fmt: skip
+        self.check_started(result.exit_code, result.stdout_text, result.stderr_text)
         log.info("started job", extra={"session": self.session, "place": self.place.description})
-        started, _, dead = self._parse_state(result)
-        # A pane already dead without a status needs `state()`'s nudge; otherwise this is it.
-        return self.state() if dead and started.running else started
+        return self.parse_line(result.stdout_text)
+
+    def check_started(self, exit_code: int, stdout: str, stderr: str) -> None:
+        """Raise what `dflash_job_start`'s exit says: running, tmux missing, or tmux's error."""
+        if exit_code == _RUNNING:
+            raise JobRunning(
+                f"Job session {self.session!r} is already running on {self.place.description}.",
+            )
+        if exit_code == 127:
+            raise _tmux_missing(self.place.description)
+        self._check(TmuxResult(exit_code, stdout, stderr), "start the job")
+
+    def stop_args(self, timeout: float | None = None) -> list[str]:
+        """The arguments of `dflash_job_stop`: socket, session, and the 0.1 s ticks to wait after
+        SIGINT (`stop_timeout`), SIGTERM (at most 10 s) and SIGKILL (5 s)."""
+        wait = self.stop_timeout if timeout is None else timeout
+        ticks = [str(max(1, round(s * 10))) for s in (wait, min(wait, 10.0), 5.0)]
+        return [self.socket, self.session, *ticks]
+
+    def stop_seconds(self, timeout: float | None = None) -> float:
+        """The longest `dflash_job_stop` can take, with room for the commands around it."""
+        wait = self.stop_timeout if timeout is None else timeout
+        return wait + min(wait, 10.0) + 5.0 + 30.0
 
     def stop(self, *, timeout: float | None = None) -> JobState | None:
         """Interrupt the job, escalate, and end the session. Returns its last state, or None.
 
         SIGINT to the job's process group (the trainer saves and exits), then SIGTERM, then
-        SIGKILL, each after waiting for the group to be gone; then `tmux kill-session`.
+        SIGKILL, each after waiting for the group to be gone; then `tmux kill-session`: ONE
+        command at the place, `dflash_job_stop`.
         """
-        wait = self.stop_timeout if timeout is None else timeout
-        current = self.state()
-        if not current.exists:
-            return None
-        if current.running and current.pid is not None:
-            for sig, seconds in (("INT", wait), ("TERM", min(wait, 10.0)), ("KILL", 5.0)):
-                if self._signal_and_wait(sig, current.pid, seconds):
-                    break
-                log.info("job still alive after SIG%s", sig, extra={"session": self.session})
-            final = self._settled_state()
-        else:
-            final = current
-        self.tmux("kill-session", "-t", f"={self.session}")
-        return final
-
-    def _signal_and_wait(self, sig: str, pgid: int, seconds: float) -> bool:
-        ticks = str(max(1, round(seconds * 10)))
         result = self.place.run(
-            ["bash", "-c", _SIGNAL_AND_WAIT, "dflash-signal", sig, str(pgid), ticks],
+            ["bash", "-c", FUNCTIONS + 'dflash_job_stop "$@"\n', "dflash-stop",
+             *self.stop_args(timeout)],
             check=False,
-            timeout=seconds + 30,
-        )
-        return result.exit_code == 0
+            timeout=self.stop_seconds(timeout),
+        )  # fmt: skip
+        if result.exit_code == 127:
+            raise _tmux_missing(self.place.description)
+        if result.exit_code != 0:
+            # Killed on the way (a container stopped under it, the server gone): looking again
+            # raises the place's own error when the place is what went away.
+            self.state()
+            self._check(TmuxResult(result.exit_code, "", result.stderr_text), "stop the job")
+        return self.parse_line(result.stdout_text) if result.stdout.strip() else None
 
-    def _settled_state(self) -> JobState:
-        """The state once tmux has noticed the exit (it reaps the pane asynchronously)."""
-        current = self.state()
-        for _ in range(20):
-            if not current.running:
-                break
-            time.sleep(0.05)
-            current = self.state()
-        return current
+    def parse_line(self, line: str) -> JobState:
+        """The `JobState` of a state line printed by the functions above."""
+        return self._parse_state(TmuxResult(0, line, ""))[0]
 
     # log --------------------------------------------------------------------------------
 
@@ -382,11 +456,6 @@ class Job:
                     self.place = reconnect()
                 except ConnectionFailed as again:
                     log.warning("reconnect failed: %s", again)
-
-
-def _server_went_away(result: TmuxResult) -> bool:
-    text = result.stderr.lower()
-    return any(m in text for m in ("no current target", "server exited", "lost server"))
 
 
 def _parent(path: str) -> str:

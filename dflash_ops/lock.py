@@ -45,29 +45,41 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "deploy.lock"
-_HELD = 3  # exit status of the scripts below when someone else holds the lock
+HELD = 3  # exit status of the functions below when someone else holds the lock
 
-# $1 root, $2 lock path, $3 owner text. Exit 0: taken; 3: held (stdout: the holder's record).
-_TAKE = (
-    'mkdir -p -- "$1"\n'
-    'if ln -sT -- "$3" "$2" 2>/dev/null; then exit 0; fi\n'
-    'if readlink -- "$2"; then exit 3; fi\n'
-    "exit 4\n"  # it vanished between ln and readlink: try again
-)
-
-# $1 lock path, $2 the stale record, $3 a token. Exit 0: the stale lock is gone; 3: it changed.
-_TAKE_OVER = (
-    'aside="$1.stale.$3"\n'
-    'mv -T -- "$1" "$aside" 2>/dev/null || exit 3\n'
-    'moved=$(readlink -- "$aside") || moved=""\n'
-    'if [ "$moved" = "$2" ]; then rm -f -- "$aside"; exit 0; fi\n'
-    'ln -sT -- "$moved" "$1" 2>/dev/null || true\n'
-    'rm -f -- "$aside"\n'
-    "exit 3\n"
-)
-
-# $1 lock path, $2 our record: removes the lock only if it is still ours.
-_RELEASE = 'if [ "$(readlink -- "$1")" = "$2" ]; then rm -f -- "$1"; fi\n'
+# The lock's steps as bash functions, values as positional arguments. `DeployLock` runs each as
+# one command; `dflash deploy` runs the same text inside its one command (`deploy_script`).
+FUNCTIONS = r"""
+dflash_lock_take() {  # $1 root, $2 lock path, $3 owner text. 0: taken; 3: held (stdout: record)
+  local n=0
+  mkdir -p -- "$1" || return 1
+  while [ "$n" -lt 20 ]; do
+    if ln -sT -- "$3" "$2" 2>/dev/null; then return 0; fi
+    if readlink -- "$2"; then return 3; fi
+    n=$((n + 1))  # it vanished between ln and readlink: try again
+  done
+  echo "cannot create the lock $2" >&2
+  return 1
+}
+dflash_lock_take_over() {  # $1 lock path, $2 the stale record, $3 a token. 3: it changed
+  local aside="$1.stale.$3" moved
+  mv -T -- "$1" "$aside" 2>/dev/null || return 3
+  moved=$(readlink -- "$aside") || moved=""
+  if [ "$moved" = "$2" ]; then rm -f -- "$aside"; return 0; fi
+  ln -sT -- "$moved" "$1" 2>/dev/null
+  rm -f -- "$aside"
+  return 3
+}
+dflash_lock_release() {  # $1 lock path, $2 our record: removes the lock only if it is still ours
+  if [ "$(readlink -- "$1")" = "$2" ]; then rm -f -- "$1"; fi
+}
+dflash_lock_is_mine() {  # $1 lock path, $2 our record: 0 when the lock holds our record
+  [ "$(readlink -- "$1" 2>/dev/null)" = "$2" ]
+}
+"""
+_TAKE = FUNCTIONS + 'dflash_lock_take "$@"\n'
+_TAKE_OVER = FUNCTIONS + 'dflash_lock_take_over "$@"\n'
+_RELEASE = FUNCTIONS + 'dflash_lock_release "$@"\n'
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,11 +182,17 @@ class DeployLock:
         finally:
             self.release(owner)
 
-    def acquire(self, doing: str, *, force: bool = False) -> Owner:
+    def acquire(self, doing: str, *, force: bool = False, held_by: str | None = None) -> Owner:
+        """Take the lock: wait for a live holder, take over a stale one (or any, with `force`).
+
+        `held_by`: the holder's record that a first attempt made elsewhere found (`dflash
+        deploy` tries to take the lock inside its one command); it is judged before trying again.
+        """
         owner = Owner.me(doing)
         deadline = time.monotonic() + self.wait
         while True:
-            held = self._try(owner)
+            held = held_by if held_by is not None else self._try(owner)
+            held_by = None
             if held is None:
                 log.info("took the deploy lock", extra={"path": self.path, "doing": doing})
                 return owner
@@ -205,19 +223,17 @@ class DeployLock:
 
     def _try(self, owner: Owner) -> str | None:
         """Take the lock; None when taken, else the holder's record."""
-        while True:
-            result = self.place.run(
-                ["bash", "-c", _TAKE, "dflash-lock", self.root, self.path, owner.text()],
-                check=False,
-            )
-            if result.exit_code == 0:
-                return None
-            if result.exit_code == _HELD:
-                return result.stdout_text.rstrip("\n")
-            if result.exit_code != 4:
-                raise RemoteCommandFailed(
-                    self.place.description, result.argv, result.exit_code, result.stderr_text
-                )
+        result = self.place.run(
+            ["bash", "-c", _TAKE, "dflash-lock", self.root, self.path, owner.text()],
+            check=False,
+        )
+        if result.exit_code == 0:
+            return None
+        if result.exit_code == HELD:
+            return result.stdout_text.rstrip("\n")
+        raise RemoteCommandFailed(
+            self.place.description, result.argv, result.exit_code, result.stderr_text
+        )
 
     def _take_over(self, record: str) -> None:
         self.place.run(

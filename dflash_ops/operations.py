@@ -1,11 +1,12 @@
 """What each command does, in order, on a `Workspace`. The CLI only parses and prints.
 
-deploy:  build the bundle → push it (one tar stream) → switch `current` → keep the last 5 →
-         stop the running job → archive the checkpoints (unless resuming) → start the job →
-         remember the target in `.dflash/state.json`.
-restart: stop → archive (with `--clean`) → start the job of the current release.
+deploy:  build the bundle; then, at the place in ONE command (`deploy_script`): check tmux and
+         python → take the lock → push it (one tar stream) → switch `current` → keep the last 5
+         → stop the running job → archive the checkpoints (unless resuming) → start the job →
+         release the lock; remember the target in `.dflash/state.json`.
+restart: stop → archive (with `--clean`) → start the job of the current release (one command).
 rollback: switch `current` to an earlier complete release → stop → start (resuming).
-stop:    SIGINT, SIGTERM, SIGKILL to the job's process group, then end the session.
+stop:    SIGINT, SIGTERM, SIGKILL to the job's process group, then end the session (one command).
 
 deploy, restart, rollback and stop hold the target's deploy lock (`lock.py`) while they act, so
 two of them never interleave; `force` takes over a lock whose holder is gone.
@@ -23,10 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_ops import doctor, gpus, state
+from dflash_ops import deploy_script, gpus, state
+from dflash_ops.checks import Setup
 from dflash_ops.job import JobState
 from dflash_ops.launch import LaunchPlan
-from dflash_ops.release import KEEP, build_bundle, new_release_id
+from dflash_ops.release import build_bundle, new_release_id
 from dflash_ops.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -56,11 +58,26 @@ class RestartReport:
 
 def start_job(ws: Workspace) -> JobState:
     """Start the current release's `launch.sh` in the job session."""
-    root = ws.target.root
-    return ws.job().start(
-        ["bash", f"{root}/current/launch.sh"],
-        cwd=f"{root}/current",
-        env=ws.config.job.env,
+    return ws.job().start(launch_argv(ws), cwd=f"{ws.target.root}/current", env=ws.config.job.env)
+
+
+def launch_argv(ws: Workspace) -> list[str]:
+    return ["bash", f"{ws.target.root}/current/launch.sh"]
+
+
+def remote_plan(ws: Workspace, *, warn: Say) -> deploy_script.DeployPlan:
+    """The target's parts as the one-command script needs them. Opens the place without the
+    container check: the script's command is that check (see `Workspace.open`)."""
+    ws.open(check=False)
+    return deploy_script.DeployPlan(
+        setup=Setup.of(ws),
+        releases=ws.releases(),
+        job=ws.job(),
+        lock=ws.lock(warn=warn),
+        checkpoints=ws.checkpoints(),
+        launch=launch_argv(ws),
+        cwd=f"{ws.target.root}/current",
+        env=dict(ws.config.job.env),
     )
 
 
@@ -72,29 +89,27 @@ def deploy(
     say: Say = _quiet,
     warn: Say | None = None,
 ) -> DeployReport:
-    doctor.preflight(ws)  # reachable, container, tmux, python: stop before touching anything
-    job_config = ws.config.job
-    plan = LaunchPlan(
+    """Build the bundle here, then do everything at the place in ONE command
+    (`deploy_script`): preflight (tmux, python), lock, unpack, switch, prune, stop, archive,
+    start, unlock. A held lock costs `DeployLock.acquire`'s commands and one more run."""
+    remote = remote_plan(ws, warn=warn or say)
+    plan = LaunchPlan.for_job(
+        ws.config.job,
         release_id=new_release_id(),
         python=ws.target.python,
         checkpoints=ws.target.checkpoints,
-        gpus=job_config.gpus,
-        target_gpus=job_config.target_gpus,
-        command=job_config.command,
     )
     bundle = build_bundle(
         ws.config.project_dir, plan=plan, train=ws.config.train, target=ws.target.describe()
     )
     say(f"Release {bundle.release_id} ({len(bundle.data) / 1024:.0f} KiB) → {ws.target.describe()}")
-    with ws.lock(warn=warn or say).held("deploy", force=force):
-        removed = ws.releases().deploy(bundle, keep=KEEP)
-        stopped = ws.job().stop()
-        if stopped is not None:
-            say(f"Stopped the previous job (exit {stopped.exit_code}).")
-        archived = None if resume else ws.checkpoints().archive()
-        if archived:
-            say(f"Archived the previous checkpoints into {archived}.")
-        started = start_job(ws)
+    steps = deploy_script.Steps(doing="deploy", bundle=bundle, archive=not resume, preflight=True)
+    done = deploy_script.run(remote, steps, force=force)
+    assert done.started is not None
+    if done.stopped is not None:
+        say(f"Stopped the previous job (exit {done.stopped.exit_code}).")
+    if done.archived:
+        say(f"Archived the previous checkpoints into {done.archived}.")
     state.save(
         ws.config.project_dir,
         state.DeployRecord(
@@ -106,41 +121,48 @@ def deploy(
     )
     return DeployReport(
         release=bundle.release_id,
-        removed=removed,
-        stopped=stopped,
-        archived=archived,
-        started=started,
+        removed=done.removed,
+        stopped=done.stopped,
+        archived=done.archived,
+        started=done.started,
     )
 
 
 def restart(
     ws: Workspace, *, clean: bool = False, force: bool = False, say: Say = _quiet
 ) -> RestartReport:
-    with ws.lock(warn=say).held("restart", force=force):
-        release = ws.releases().require_current()
-        stopped = ws.job().stop()
-        archived = ws.checkpoints().archive() if clean else None
-        started = start_job(ws)
-    return RestartReport(release=release, stopped=stopped, archived=archived, started=started)
+    """stop → archive (with `clean`) → start on `current`: one command at the place."""
+    steps = deploy_script.Steps(doing="restart", archive=clean)
+    done = deploy_script.run(remote_plan(ws, warn=say), steps, force=force)
+    assert done.release is not None and done.started is not None
+    return RestartReport(
+        release=done.release, stopped=done.stopped, archived=done.archived, started=done.started
+    )
 
 
 def rollback(
     ws: Workspace, *, to: str | None = None, force: bool = False, say: Say = _quiet
 ) -> RestartReport:
     """Point `current` at an earlier complete release and restart the job on it (resuming:
-    the checkpoints stay where they are)."""
-    with ws.lock(warn=say).held("rollback", force=force):
-        releases = ws.releases()
-        target = releases.rollback_target(to)
-        releases.switch(target)
-        stopped = ws.job().stop()
-        started = start_job(ws)
-    return RestartReport(release=target, stopped=stopped, archived=None, started=started)
+    the checkpoints stay where they are). The lock is taken first, the target is chosen under
+    it, and switch → stop → start (which release the lock) are one command."""
+    remote = remote_plan(ws, warn=say)
+    owner = remote.lock.acquire("rollback", force=force)
+    try:
+        target = remote.releases.rollback_target(to)
+    except BaseException:
+        remote.lock.release(owner)
+        raise
+    steps = deploy_script.Steps(doing="rollback", switch_to=target)
+    done = deploy_script.run(remote, steps, owner=owner)
+    assert done.started is not None
+    return RestartReport(release=target, stopped=done.stopped, archived=None, started=done.started)
 
 
 def stop(ws: Workspace, *, force: bool = False, say: Say = _quiet) -> JobState | None:
-    with ws.lock(warn=say).held("stop", force=force):
-        return ws.job().stop()
+    """SIGINT → SIGTERM → SIGKILL, end the session: one command at the place, under the lock."""
+    steps = deploy_script.Steps(doing="stop", start=False)
+    return deploy_script.run(remote_plan(ws, warn=say), steps, force=force).stopped
 
 
 def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:

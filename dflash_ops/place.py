@@ -104,6 +104,13 @@ class ContainerPlace:
         """`pct exec <ct> --keep-env 0 -- argv…`"""
         return ["pct", "exec", str(self.ct), "--keep-env", "0", "--", *argv]
 
+    def _stopped(self) -> ContainerStopped:
+        """One message whether `pct status` or a refused `pct exec` told us."""
+        return ContainerStopped(
+            f"Container {self.ct} on {self.transport.description} is stopped (not running)",
+            hint=f"Start it on the host with: pct start {self.ct}",
+        )
+
     def _raise_for_pct(self, exit_code: int | None, stderr: bytes) -> None:
         """Turn pct's own failures (not the command's) into their specific errors."""
         if not exit_code:
@@ -114,10 +121,7 @@ class ContainerPlace:
         if _NOT_FOUND.search(last):
             raise ContainerNotFound(f"Container {self.ct} does not exist on {host}")
         if _NOT_RUNNING.search(last):
-            raise ContainerStopped(
-                f"Container {self.ct} on {host} is not running",
-                hint=f"Start it on the host with: pct start {self.ct}",
-            )
+            raise self._stopped()
         if exit_code == 127 and _PCT_MISSING.search(last):
             raise PctMissing(f"{host} has no `pct` command: it is not a Proxmox VE node")
 
@@ -155,10 +159,7 @@ class ContainerPlace:
         if result.exit_code != 0:
             raise_for_result(result, self.transport.description)
         if status == "status: stopped":
-            raise ContainerStopped(
-                f"Container {self.ct} on {self.transport.description} is stopped",
-                hint=f"Start it on the host with: pct start {self.ct}",
-            )
+            raise self._stopped()
         if status != "status: running":
             raise RemoteCommandFailed(
                 self.transport.description,

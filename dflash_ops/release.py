@@ -43,34 +43,62 @@ _SKIP = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 
 COMPLETE = ".complete"  # written last into a release: everything before it is on disk
 
-# Makes room for the release and unpacks stdin into `releases/<id>.tmp`; the marker is written
-# only after tar succeeded and the files were flushed. Unfinished releases of earlier,
-# interrupted deploys (`*.tmp`) are removed first.
-_UNPACK = (
-    "set -e\n"
-    'rel=$1/releases; mkdir -p -- "$rel"\n'
-    'for d in "$rel"/*.tmp; do if [ -e "$d" ]; then rm -rf -- "$d"; fi; done\n'
-    'mkdir -- "$rel/$2.tmp"\n'
-    'tar -x --no-same-owner -C "$rel/$2.tmp" -f -\n'
-    'sync -f -- "$rel/$2.tmp"\n'
-    f': > "$rel/$2.tmp/{COMPLETE}"\n'
-)
+# A release id as a shell pattern (RELEASE_ID's glob twin; LC_ALL=C makes the ranges ASCII).
+RELEASE_GLOB = "[0-9]" * 8 + "-" + "[0-9]" * 6 + "-" + "[0-9]" * 3 + "-" + "[0-9a-f]" * 4
 
-# Completes release $2 (renames `.tmp` away once it has its marker), points `current` at it
-# atomically (a new link renamed over the old one), and lists all releases.
-_SWITCH = (
-    "set -e\n"
-    'cd -- "$1"\n'
-    f'if [ -f "releases/$2.tmp/{COMPLETE}" ]; then mv -T -- "releases/$2.tmp" "releases/$2"; fi\n'
-    f'[ -f "releases/$2/{COMPLETE}" ] || {{ echo "release $2 is not complete" >&2; exit 1; }}\n'
-    'ln -sfn -- "releases/$2" .current.tmp\n'
-    "mv -T -- .current.tmp current\n"
-    "ls -1 -- releases\n"
-)
-
+# The steps of a release as bash functions, values as positional arguments. `Releases` runs them
+# as commands; `dflash deploy` runs the same text inside its one command (`deploy_script`).
+FUNCTIONS = r"""
+dflash_unpack() {  # $1 root, $2 id; stdin: the bundle's tar
+  # Unfinished releases of earlier, interrupted deploys (`*.tmp`) are removed first; the
+  # marker is written only after tar succeeded and the files were flushed.
+  local rel=$1/releases d
+  mkdir -p -- "$rel" || return 1
+  for d in "$rel"/*.tmp; do if [ -e "$d" ]; then rm -rf -- "$d" || return 1; fi; done
+  mkdir -- "$rel/$2.tmp" || return 1
+  tar -x --no-same-owner -C "$rel/$2.tmp" -f - || return 1
+  sync -f -- "$rel/$2.tmp" || return 1
+  : > "$rel/$2.tmp/@COMPLETE@"
+}
+dflash_switch() {  # $1 root, $2 id: complete release $2, point `current` at it; list releases
+  # `.tmp` is renamed away once it has its marker; `current` moves atomically (a new link
+  # renamed over the old one).
+  ( cd -- "$1" || exit 1
+    if [ -f "releases/$2.tmp/@COMPLETE@" ]; then
+      mv -T -- "releases/$2.tmp" "releases/$2" || exit 1
+    fi
+    [ -f "releases/$2/@COMPLETE@" ] || { echo "release $2 is not complete" >&2; exit 1; }
+    ln -sfn -- "releases/$2" .current.tmp || exit 1
+    mv -T -- .current.tmp current || exit 1
+    ls -1 -- releases )
+}
+dflash_prune() {  # $1 root, $2 keep, $3 current, then release ids; prints each id it deleted
+  # All but the newest $2 go, never $3 and never the newest release older than $3 (the one
+  # `rollback` goes back to). Ids sort by time.
+  local LC_ALL=C root=$1 keep=$2 current=$3 id prev="" i
+  local -a ids=()
+  shift 3
+  while IFS= read -r id; do
+    case $id in @GLOB@) ids+=("$id") ;; esac
+  done < <(printf '%s\n' "$@" | sort -u)
+  [ "$keep" -gt 0 ] || return 0
+  for id in "${ids[@]}"; do [[ $id < $current ]] && prev=$id; done
+  for ((i = 0; i < ${#ids[@]} - keep; i++)); do
+    id=${ids[i]}
+    if [ "$id" = "$current" ] || [ "$id" = "$prev" ]; then continue; fi
+    rm -rf -- "$root/releases/$id" || return 1
+    printf '%s\n' "$id"
+  done
+}
+""".replace("@COMPLETE@", COMPLETE).replace("@GLOB@", RELEASE_GLOB)
+_UNPACK = FUNCTIONS + 'dflash_unpack "$@"\n'
+_SWITCH = FUNCTIONS + 'dflash_switch "$@"\n'
+_PRUNE = FUNCTIONS + 'dflash_prune "$@"\n'
 # Both in one command (`Releases.push_and_switch`); the marker line says the unpack succeeded.
 _UNPACKED = b"unpacked"
-_PUSH_AND_SWITCH = _UNPACK + f"echo {_UNPACKED.decode()}\n" + _SWITCH
+_PUSH_AND_SWITCH = FUNCTIONS + (
+    f'dflash_unpack "$@" || exit 1\necho {_UNPACKED.decode()}\ndflash_switch "$@"\n'
+)
 
 # For every complete release: id, size in bytes, RELEASE.json squeezed onto one line; NUL-ended.
 _DESCRIBE = (
@@ -186,20 +214,20 @@ class Releases:
     def push(self, bundle: Bundle) -> None:
         """Unpack the bundle, streamed as one tar, into `releases/<id>.tmp`."""
         result = self.place.run(
-            ["bash", "-c", _UNPACK, "dflash-unpack", self.root, _checked(bundle.release_id)],
+            ["bash", "-c", _UNPACK, "dflash-unpack", self.root, checked_id(bundle.release_id)],
             stdin=bundle.data,
             check=False,
         )
         if result.exit_code != 0:
-            raise self._unpack_failed(bundle.release_id, result.stderr_text)
+            raise self.unpack_failed(bundle.release_id, result.stderr_text)
 
     def switch(self, release_id: str) -> list[str]:
         """Complete `release_id` and point `current` at it; returns every release, oldest first."""
         result = self.place.run(
-            ["bash", "-c", _SWITCH, "dflash-switch", self.root, _checked(release_id)], check=False
+            ["bash", "-c", _SWITCH, "dflash-switch", self.root, checked_id(release_id)], check=False
         )
         if result.exit_code != 0:
-            raise self._switch_failed(release_id, result.stderr_text)
+            raise self.switch_failed(release_id, result.stderr_text)
         return _release_names(result.stdout)
 
     def push_and_switch(self, bundle: Bundle) -> list[str]:
@@ -213,7 +241,7 @@ class Releases:
                 _PUSH_AND_SWITCH,
                 "dflash-release",
                 self.root,
-                _checked(bundle.release_id),
+                checked_id(bundle.release_id),
             ],
             stdin=bundle.data,
             check=False,
@@ -221,18 +249,18 @@ class Releases:
         marker, _, names = result.stdout.partition(b"\n")
         if result.exit_code != 0:
             if marker == _UNPACKED:
-                raise self._switch_failed(bundle.release_id, result.stderr_text)
-            raise self._unpack_failed(bundle.release_id, result.stderr_text)
+                raise self.switch_failed(bundle.release_id, result.stderr_text)
+            raise self.unpack_failed(bundle.release_id, result.stderr_text)
         return _release_names(names)
 
-    def _unpack_failed(self, release_id: str, stderr: str) -> ReleaseError:
+    def unpack_failed(self, release_id: str, stderr: str) -> ReleaseError:
         return ReleaseError(
             f"Could not unpack release {release_id} into {self.root}/releases on "
             f"{self.place.description}: {_last_line(stderr)}",
             hint="Check free space and permissions there; the current release is unchanged.",
         )
 
-    def _switch_failed(self, release_id: str, stderr: str) -> ReleaseError:
+    def switch_failed(self, release_id: str, stderr: str) -> ReleaseError:
         return ReleaseError(
             f"Could not switch {self.current_path} to release {release_id} on "
             f"{self.place.description}: {_last_line(stderr)}",
@@ -242,15 +270,14 @@ class Releases:
     def prune(
         self, releases: list[str], *, keep: int = KEEP, current: str | None = None
     ) -> list[str]:
-        """Delete all but the newest `keep` releases — never `current`, never the release
-        `rollback` would go back to (the newest complete one before `current`)."""
+        """Delete all but the newest `keep` of `releases` — never `current`, never the release
+        `rollback` would go back to (the newest one before `current`): `dflash_prune`."""
         current = current or self.current()
-        protected = {current, previous(releases, current)}
-        old = [r for r in sorted(releases)[:-keep] if r not in protected] if keep > 0 else []
-        if old:
-            paths = [f"{self.root}/releases/{_checked(r)}" for r in old]
-            self.place.run(["rm", "-rf", "--", *paths])
-        return old
+        names = [checked_id(r) for r in releases]
+        result = self.place.run(
+            ["bash", "-c", _PRUNE, "dflash-prune", self.root, str(keep), current or "", *names]
+        )
+        return _release_names(result.stdout)
 
     def deploy(self, bundle: Bundle, *, keep: int = KEEP) -> list[str]:
         """push → switch (one command) → prune; returns the releases that were removed."""
@@ -318,11 +345,14 @@ class Releases:
     def require_current(self) -> str:
         release = self.current()
         if release is None:
-            raise ReleaseError(
-                f"Nothing is deployed at {self.root} on {self.place.description}.",
-                hint="Deploy first: dflash deploy",
-            )
+            raise self.nothing_deployed()
         return release
+
+    def nothing_deployed(self) -> ReleaseError:
+        return ReleaseError(
+            f"Nothing is deployed at {self.root} on {self.place.description}.",
+            hint="Deploy first: dflash deploy",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -349,7 +379,7 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no error output"
 
 
-def _checked(release_id: str) -> str:
+def checked_id(release_id: str) -> str:
     if not RELEASE_ID.fullmatch(release_id):
         raise ReleaseError(f"{release_id!r} is not a release id.")
     return release_id

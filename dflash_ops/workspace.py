@@ -73,10 +73,18 @@ class Workspace:
 
     @property
     def place(self) -> Place:
+        return self.open()
+
+    def open(self, *, check: bool = True) -> Place:
+        """The place, opened now (once; later calls return it). `check=False` opens only the
+        connection, without the container check of `ensure_ready` (`pct status`, one more
+        command): for a caller whose own first command stands in for it — `ContainerPlace.run`
+        raises the same errors from pct's messages for a missing or stopped container, or a
+        host without pct — as `dflash deploy`'s one command does."""
         if self._place is None:
             place = open_place(self.target, accept_new_host_key=self.accept_new_host_key)
             try:
-                place.ensure_ready()
+                place.ensure_ready() if check else place.transport.connect()
             except BaseException:
                 place.close()
                 raise

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,31 @@ def test_two_nodes_train_the_demo_on_the_cpu(tmp_path: Path) -> None:
     assert (out / "step-00000004").is_dir()
     rows = (out / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2 and '"role": "target"' in rows[-1] and '"role": "drafter"' in rows[-1]
+
+
+def test_deploy_writes_the_several_node_launch(tmp_path: Path) -> None:
+    """`dflash deploy` builds its launch from the whole `[job]` table: nodes and rendezvous
+    reach the release's launch.sh (the job then waits at the rendezvous for the other node)."""
+    from tests.cli_helpers import dflash, kill_tmux_server
+    from tests.test_split import free_port
+
+    project = tmp_path / "project"
+    project.mkdir()
+    sock = f"dft-{uuid.uuid4().hex[:10]}"
+    endpoint = f"127.0.0.1:{free_port()}"
+    (project / "deploy.toml").write_text(
+        f'[job]\nsocket = "{sock}"\ngpus = 1\ntarget_gpus = 1\nnodes = 2\n'
+        f'rendezvous = "{endpoint}"\nstop_timeout = 3\n\n[train]\ndemo = true\n'
+    )
+    shutil.copytree(ROOT / "trainer", project / "trainer", ignore=shutil.ignore_patterns("__py*"))
+    try:
+        result = dflash(project, "deploy")
+        assert result.returncode == 0, result.stderr
+        text = (project / ".dflash" / "local" / "current" / "launch.sh").read_text()
+        assert (
+            f"--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {endpoint}" in text
+        )
+        assert "export DFLASH_NODES=2\n" in text and "export DFLASH_TARGET_GPUS=1\n" in text
+        assert dflash(project, "stop").returncode == 0
+    finally:
+        kill_tmux_server(sock)

@@ -1,0 +1,304 @@
+"""The remote work of `dflash deploy` (and of restart, rollback and stop) as ONE command.
+
+Over SSH every command starts the account's login shell (and `pct exec` enters the
+container's namespaces): a deploy of ten separate commands paid that ten times. Here the whole
+deploy is one `bash -c SCRIPT dflash-deploy ARGS…` fed the bundle's tar on stdin. SCRIPT is
+fixed text: the bash functions of the layers that own each step (`lock.FUNCTIONS`,
+`release.FUNCTIONS`, `checkpoints.FUNCTIONS`, `job.FUNCTIONS` — the same text those modules
+run on their own) and `_MAIN`, which calls them in order. Every value (paths, the owner
+record, the probe's and tmux's argv, the job's environment) is a positional argument, quoted
+only by `shell.quote_argv` on the way; the tmux arguments that start the job are built by
+`Job.start_args`, the stop's by `Job.stop_args`.
+
+The steps, in order, each announced on stdout as `step<TAB>NAME` before it runs (`Steps`
+says which of them a command does):
+
+1. `tmux`, `python` (deploy) — `tmux -V` and the job's python answering
+   `checks.VERSION_PROBE` with the job's env, judged by `checks.judge_tmux`/`judge_python`:
+   doctor's own words. A failure exits before anything is touched.
+2. `lock` — `dflash_lock_take` (or, in `held` mode, a check that the lock holds our record). A
+   held lock ends the command with exit 3 and `held<TAB>RECORD` as its last line; the caller
+   then waits, takes over a stale lock or forces it with `DeployLock.acquire` (whose judgement
+   needs this machine: the holder's pid and clock) and runs the command once more in `held`
+   mode. From here an EXIT trap releases the lock (only if it is still ours).
+3. `unpack`, `switch`, `prune` (deploy; rollback: `switch` only) — `releases/<id>.tmp` →
+   marker → rename → `current` → keep the last KEEP. Restart instead reads `current`.
+4. `stop` — the running job: SIGINT, SIGTERM, SIGKILL, end the session.
+5. `archive` — the checkpoints into `archive/<time>` (deploy without `--resume`, restart
+   `--clean`).
+6. `start` — the job's tmux session running `current/launch.sh` with `[job] env`.
+7. `done`.
+
+What a step found is printed as `KEY<TAB>VALUE` lines (`removed`, `current`, `stopped`,
+`archived`, `started`); a failed step prints `failed<TAB>STATUS` and exits 1, and the caller
+raises the error that step raises on its own (`ReleaseError` for unpack/switch, `JobRunning` or
+tmux's message for start, …). A command killed on its way (no `failed` line) makes the caller
+look at the place again, so a container stopped under it is reported as such.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dflash_ops import checkpoints, doctor, job, lock, release
+from dflash_ops.checks import Findings, Setup, judge_python, judge_tmux, python_probe_argv
+from dflash_ops.errors import DflashError, RemoteCommandFailed
+from dflash_ops.job import Job, JobState
+from dflash_ops.lock import HELD, DeployLock, Owner
+from dflash_ops.release import Bundle, Releases
+from dflash_ops.transport import Result
+
+log = logging.getLogger(__name__)
+
+_PREFLIGHT = 10  # exit status when tmux or python failed
+
+_MAIN = r"""
+say() { printf '%s\t%s\n' "$1" "$2"; }
+fail() { say failed "$1"; exit 1; }
+root=$1 id=$2 unpack=$3 keep=$4 lock=$5 owner=$6 mode=$7 ckpt=$8 dest=$9 check=${10} run=${11}
+shift 11
+probe=("${@:2:$1}"); shift $(($1 + 1))
+stop=("${@:1:5}"); shift 5
+# "$@" is now dflash_job_start's arguments.
+
+if [ "$check" = 1 ]; then
+  say step tmux
+  if command -v tmux >/dev/null; then
+    out=$(tmux -V); rc=$?
+  else
+    echo "tmux: command not found" >&2; out="" rc=127
+  fi
+  say tmux "$rc ${out%%$'\n'*}"
+  [ "$rc" = 0 ] || exit @PREFLIGHT@
+  say step python
+  out=$("${probe[@]}"); rc=$?
+  say python "$rc ${out##*$'\n'}"
+  [ "$rc" = 0 ] || exit @PREFLIGHT@
+fi
+
+say step lock
+if [ "$mode" = held ]; then
+  dflash_lock_is_mine "$lock" "$owner" || { echo "the deploy lock $lock is not ours" >&2; fail 1; }
+else
+  held=$(dflash_lock_take "$root" "$lock" "$owner"); rc=$?
+  if [ "$rc" = @HELD@ ]; then say held "$held"; exit @HELD@; fi
+  [ "$rc" = 0 ] || fail "$rc"
+fi
+trap 'dflash_lock_release "$lock" "$owner"' EXIT
+
+if [ -n "$id" ]; then
+  if [ "$unpack" = 1 ]; then
+    say step unpack
+    dflash_unpack "$root" "$id" || fail $?
+  fi
+  say step switch
+  names=$(dflash_switch "$root" "$id") || fail $?
+  if [ "$unpack" = 1 ]; then
+    say step prune
+    mapfile -t names <<< "$names"
+    removed=$(dflash_prune "$root" "$keep" "$id" "${names[@]}") || fail $?
+    while IFS= read -r r; do [ -z "$r" ] || say removed "$r"; done <<< "$removed"
+  fi
+elif [ "$run" = 1 ]; then
+  say step current
+  current=$(readlink -- "$root/current") || fail $?
+  say current "${current##*/}"
+fi
+
+say step stop
+line=$(dflash_job_stop "${stop[@]}") || fail $?
+[ -z "$line" ] || say stopped "$line"
+
+if [ -n "$dest" ]; then
+  say step archive
+  out=$(dflash_archive "$ckpt" "$dest") || fail $?
+  [ "$out" != moved ] || say archived "$dest"
+fi
+
+if [ "$run" = 1 ]; then
+  say step start
+  line=$(dflash_job_start "$@") || fail $?
+  say started "$line"
+fi
+say step done
+"""
+
+SCRIPT = (
+    lock.FUNCTIONS
+    + release.FUNCTIONS
+    + checkpoints.FUNCTIONS
+    + job.FUNCTIONS
+    + _MAIN.replace("@PREFLIGHT@", str(_PREFLIGHT)).replace("@HELD@", str(HELD))
+)
+
+
+@dataclass(kw_only=True)
+class Outcome:
+    """What one run of the script printed: the steps reached and what they found."""
+
+    exit_code: int
+    stderr: str
+    steps: list[str] = field(default_factory=list)
+    facts: dict[str, list[str]] = field(default_factory=dict)
+    held: str | None = None
+
+    @classmethod
+    def of(cls, result: Result) -> Outcome:
+        outcome = cls(exit_code=result.exit_code, stderr=result.stderr_text)
+        text = result.stdout_text
+        head, sep, rest = text.partition("\nheld\t")  # the holder's record: all that follows
+        if sep:
+            outcome.held, text = rest.removesuffix("\n"), head
+        for line in text.splitlines():
+            key, _, value = line.partition("\t")
+            if key == "step":
+                outcome.steps.append(value)
+            else:
+                outcome.facts.setdefault(key, []).append(value)
+        return outcome
+
+    def fact(self, key: str) -> str | None:
+        values = self.facts.get(key)
+        return values[-1] if values else None
+
+    @property
+    def step(self) -> str:
+        return self.steps[-1] if self.steps else "start-up"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Steps:
+    """Which steps a run does: deploy (`bundle`), rollback (`switch_to`), restart, stop."""
+
+    doing: str  # the lock's `doing`: "deploy", "restart", "rollback", "stop"
+    bundle: Bundle | None = None  # unpack it, switch to it, prune
+    switch_to: str | None = None  # switch to this complete release (no unpack, no prune)
+    archive: bool = False  # archive the checkpoints after the stop
+    preflight: bool = False  # tmux and python first
+    start: bool = True  # start the job (of `current`) at the end
+
+
+@dataclass(frozen=True, kw_only=True)
+class Done:
+    release: str | None  # the release `current` points at (None for a stop)
+    removed: list[str]
+    stopped: JobState | None
+    archived: str | None
+    started: JobState | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeployPlan:
+    """Everything the script needs besides the steps: the target's parts and the job."""
+
+    setup: Setup
+    releases: Releases
+    job: Job
+    lock: DeployLock
+    checkpoints: checkpoints.Checkpoints
+    launch: Sequence[str]  # the job's argv
+    cwd: str
+    env: dict[str, str]
+    keep: int = release.KEEP
+
+
+def argv(plan: DeployPlan, steps: Steps, owner: Owner, *, mode: str, archive: str) -> list[str]:
+    probe = python_probe_argv(plan.setup)
+    switch_to = steps.bundle.release_id if steps.bundle is not None else steps.switch_to
+    return [
+        "bash", "-c", SCRIPT, "dflash-" + steps.doing,
+        plan.releases.root, release.checked_id(switch_to) if switch_to else "",
+        _flag(steps.bundle is not None), str(plan.keep),
+        plan.lock.path, owner.text(), mode, plan.checkpoints.path, archive,
+        _flag(steps.preflight), _flag(steps.start),
+        str(len(probe)), *probe,
+        *plan.job.stop_args(),
+        *plan.job.start_args(plan.launch, cwd=plan.cwd, env=plan.env),
+    ]  # fmt: skip
+
+
+def _flag(value: bool) -> str:
+    return "1" if value else "0"
+
+
+def run(
+    plan: DeployPlan,
+    steps: Steps,
+    *,
+    force: bool = False,
+    owner: Owner | None = None,
+) -> Done:
+    """Run `steps` at the place: one command when the lock is free, else one to find the
+    holder, `DeployLock.acquire`'s own commands, and one more. `owner`: the lock is already
+    held by this record (taken by the caller); the script checks it and releases it."""
+    archive = plan.checkpoints.archive_dest() if steps.archive else ""
+    if owner is not None:
+        outcome = _run(plan, steps, owner, mode="held", archive=archive)
+    else:
+        outcome = _run(plan, steps, Owner.me(steps.doing), mode="take", archive=archive)
+        if outcome.exit_code == HELD and outcome.held is not None:
+            owner = plan.lock.acquire(steps.doing, force=force, held_by=outcome.held)
+            try:
+                outcome = _run(plan, steps, owner, mode="held", archive=archive)
+            except BaseException:
+                plan.lock.release(owner)
+                raise
+    if outcome.exit_code != 0 or outcome.step != "done":
+        raise _error(plan, steps, outcome)
+    stopped, started = outcome.fact("stopped"), outcome.fact("started")
+    switched = steps.bundle.release_id if steps.bundle is not None else steps.switch_to
+    return Done(
+        release=switched or outcome.fact("current"),
+        removed=sorted(outcome.facts.get("removed", [])),
+        stopped=plan.job.parse_line(stopped) if stopped else None,
+        archived=outcome.fact("archived"),
+        started=plan.job.parse_line(started) if started else None,
+    )
+
+
+def _run(plan: DeployPlan, steps: Steps, owner: Owner, *, mode: str, archive: str) -> Outcome:
+    result = plan.releases.place.run(
+        argv(plan, steps, owner, mode=mode, archive=archive),
+        stdin=steps.bundle.data if steps.bundle is not None else None,
+        check=False,
+        timeout=plan.job.stop_seconds() + 600.0,
+    )
+    outcome = Outcome.of(result)
+    log.debug("%s steps %s, exit %s", steps.doing, outcome.steps, outcome.exit_code)
+    return outcome
+
+
+def _error(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError:
+    """The typed error of the step that failed, as that step raises it on its own."""
+    step, stderr = outcome.step, outcome.stderr
+    where = plan.releases.place.description
+    if step in ("tmux", "python") and outcome.exit_code == _PREFLIGHT:
+        code, _, out = (outcome.fact(step) or "").partition(" ")
+        result = Result((step,), int(code) if code.isdigit() else outcome.exit_code,
+                        out.encode(), stderr.encode())  # fmt: skip
+        if step == "tmux":
+            check = judge_tmux(plan.setup, where, result)
+        else:
+            check = judge_python(plan.setup, where, result, Findings())
+        return doctor.failure(check)
+    status = outcome.fact("failed")
+    if status is None:
+        # Killed on its way (a container stopped under it): looking at the place again
+        # raises the place's own error when the place is what went away.
+        plan.job.state()
+    code = int(status) if status and status.isdigit() else outcome.exit_code
+    switch_to = steps.bundle.release_id if steps.bundle is not None else steps.switch_to
+    if step == "unpack" and steps.bundle is not None:
+        return plan.releases.unpack_failed(steps.bundle.release_id, stderr)
+    if step == "switch" and switch_to is not None:
+        return plan.releases.switch_failed(switch_to, stderr)
+    if step == "current":
+        return plan.releases.nothing_deployed()
+    if step == "start":
+        try:
+            plan.job.check_started(code, "", stderr)
+        except DflashError as exc:
+            return exc
+    return RemoteCommandFailed(where, (f"dflash-{steps.doing}", step), code, stderr)
