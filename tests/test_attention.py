@@ -147,26 +147,32 @@ def test_compiled_flex_forward_matches_sdpa_on_cpu():
 
 
 @pytest.mark.slow
-def test_a_full_compile_cache_fails_loudly_instead_of_running_eager(monkeypatch):
+def test_a_full_compile_cache_fails_loudly_instead_of_running_eager():
     """Past dynamo's recompile limit the mask builder must raise, not silently go eager."""
+    config = torch._dynamo.config
     torch._dynamo.reset()
     flex_kernels.cache_clear()
-    try:
-        kernels = flex_kernels()
-        assert torch._dynamo.config.fail_on_recompile_limit_hit
-        assert torch._dynamo.config.recompile_limit >= 64
-        monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
-        anchors, valid = layout(5, 2, 4, 128)
+    # the outer patch puts back whatever the kernels' creation changes, for the tests after
+    with config.patch(
+        recompile_limit=config.recompile_limit,
+        fail_on_recompile_limit_hit=config.fail_on_recompile_limit_hit,
+    ):
         try:
-            build_draft_mask(anchors, valid, 128, 4, backend="flex", kernels=kernels)
-        except Exception as exc:  # pragma: no cover - no C++ compiler, etc.
-            pytest.skip(f"compiled create_block_mask does not run here: {exc}")
-        with pytest.raises(CompileCacheFull, match="more than 1 distinct shapes") as info:
-            build_draft_mask(anchors, valid, 256, 4, backend="flex", kernels=kernels)
-        assert "data.bucket" in str(info.value)
-    finally:
-        torch._dynamo.reset()
-        flex_kernels.cache_clear()
+            kernels = flex_kernels()
+            assert config.fail_on_recompile_limit_hit
+            assert config.recompile_limit >= 64
+            anchors, valid = layout(5, 2, 4, 128)
+            with config.patch(recompile_limit=1):
+                try:
+                    build_draft_mask(anchors, valid, 128, 4, backend="flex", kernels=kernels)
+                except Exception as exc:  # pragma: no cover - no C++ compiler, etc.
+                    pytest.skip(f"compiled create_block_mask does not run here: {exc}")
+                with pytest.raises(CompileCacheFull, match="more than 1 distinct shapes") as info:
+                    build_draft_mask(anchors, valid, 256, 4, backend="flex", kernels=kernels)
+            assert "data.bucket" in str(info.value)
+        finally:
+            torch._dynamo.reset()
+            flex_kernels.cache_clear()
 
 
 def test_bucket_length_rounds_up_to_the_tile():
