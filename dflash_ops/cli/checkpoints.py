@@ -13,12 +13,8 @@ from rich.markup import escape
 from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import (
-    AcceptKeyOption,
-    CtOption,
-    HostOption,
-    PortOption,
-    TargetOption,
-    UserOption,
+    TargetChoice,
+    with_target,
 )
 
 app = typer.Typer()
@@ -27,15 +23,12 @@ app.add_typer(group)
 
 
 @group.callback()
+@with_target
 def checkpoints(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    target: TargetOption = None,
-    host: HostOption = None,
-    user: UserOption = None,
-    port: PortOption = None,
-    ct: CtOption = None,
-    accept_new_host_key: AcceptKeyOption = False,
+    *,
+    where: TargetChoice,
 ) -> None:
     """List the checkpoints folder: the live entries, and each archived run.
 
@@ -50,15 +43,7 @@ def checkpoints(
     """
     if ctx.invoked_subcommand is not None:
         return
-    with workspace(
-        ctx,
-        target=target,
-        host=host,
-        user=user,
-        port=port,
-        ct=ct,
-        accept_new_host_key=accept_new_host_key,
-    ) as ws:
+    with workspace(ctx, where) as ws:
         listing = ws.checkpoints().list()
     if as_json:
         print(json.dumps({"path": ws.target.checkpoints, **dataclasses.asdict(listing)}))
@@ -79,17 +64,14 @@ def checkpoints(
 
 
 @group.command()
+@with_target
 def prune(
     ctx: typer.Context,
     keep: Annotated[
         int, typer.Option("--keep", min=0, help="How many archived runs to keep (the newest).")
     ],
-    target: TargetOption = None,
-    host: HostOption = None,
-    user: UserOption = None,
-    port: PortOption = None,
-    ct: CtOption = None,
-    accept_new_host_key: AcceptKeyOption = False,
+    *,
+    where: TargetChoice,
 ) -> None:
     """Delete archived runs except the newest --keep N. Live checkpoints are never touched.
 
@@ -100,15 +82,7 @@ def prune(
     Examples:
       dflash checkpoints prune --keep 3
     """
-    with workspace(
-        ctx,
-        target=target,
-        host=host,
-        user=user,
-        port=port,
-        ct=ct,
-        accept_new_host_key=accept_new_host_key,
-    ) as ws:
+    with workspace(ctx, where) as ws:
         report = ws.checkpoints().prune(keep=keep)
     for stamp in report.deleted:
         output.info(f"Deleted archived run {stamp}")

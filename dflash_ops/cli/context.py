@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from dflash_ops.config import TargetFlags
+from dflash_ops.cli.options import TargetChoice
 from dflash_ops.workspace import Workspace
 
 
@@ -20,26 +20,17 @@ class Globals:
 
 
 @contextmanager
-def workspace(
-    ctx: typer.Context,
-    *,
-    target: str | None,
-    host: str | None,
-    user: str | None,
-    port: int | None,
-    ct: int | None,
-    accept_new_host_key: bool = False,
-) -> Iterator[Workspace]:
-    """The command's Workspace from the root options and its target flags; closed on exit.
+def workspace(ctx: typer.Context, where: TargetChoice) -> Iterator[Workspace]:
+    """The command's Workspace from the root options and its target choice; closed on exit.
 
-    Every command that acts on a target takes the same six flags (cli/options.py); this is
-    the one place they become a `TargetFlags` and the connection is released.
+    Every command that acts on a target gets the same flags as one TargetChoice
+    (`options.with_target`); this is the one place the connection is opened and released.
     """
     root = ctx.find_object(Globals) or Globals()
     ws = Workspace.load(
         config_file=root.config,
-        flags=TargetFlags(target=target, host=host, user=user, port=port, ct=ct),
-        accept_new_host_key=accept_new_host_key,
+        flags=where.flags,
+        accept_new_host_key=where.accept_new_host_key,
     )
     try:
         yield ws

@@ -10,27 +10,20 @@ from dflash_ops import operations
 from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import (
-    AcceptKeyOption,
-    CtOption,
     ForceOption,
-    HostOption,
-    PortOption,
-    TargetOption,
-    UserOption,
+    TargetChoice,
+    with_target,
 )
 
 app = typer.Typer()
 
 
 @app.command()
+@with_target
 def stop(
     ctx: typer.Context,
-    target: TargetOption = None,
-    host: HostOption = None,
-    user: UserOption = None,
-    port: PortOption = None,
-    ct: CtOption = None,
-    accept_new_host_key: AcceptKeyOption = False,
+    *,
+    where: TargetChoice,
     force: ForceOption = False,
 ) -> None:
     """Stop the job: SIGINT, then SIGTERM, then SIGKILL, then end its tmux session.
@@ -42,38 +35,27 @@ def stop(
       dflash stop
       dflash stop --target gpu-box
     """
-    with workspace(
-        ctx,
-        target=target,
-        host=host,
-        user=user,
-        port=port,
-        ct=ct,
-        accept_new_host_key=accept_new_host_key,
-    ) as ws:
+    with workspace(ctx, where) as ws:
         final = operations.stop(ws, force=force, say=output.warn)
-    where = ws.target.describe()
+    place = ws.target.describe()
     if final is None:
-        output.info(f"No job session {ws.config.job.session!r} on {where}: nothing to stop.")
+        output.info(f"No job session {ws.config.job.session!r} on {place}: nothing to stop.")
     else:
         output.success(
-            f"Job {final.session!r} on {where} has ended (exit {final.exit_code}); session closed."
+            f"Job {final.session!r} on {place} has ended (exit {final.exit_code}); session closed."
         )
 
 
 @app.command()
+@with_target
 def restart(
     ctx: typer.Context,
     clean: Annotated[
         bool,
         typer.Option("--clean", help="Archive the checkpoints first: train from scratch."),
     ] = False,
-    target: TargetOption = None,
-    host: HostOption = None,
-    user: UserOption = None,
-    port: PortOption = None,
-    ct: CtOption = None,
-    accept_new_host_key: AcceptKeyOption = False,
+    *,
+    where: TargetChoice,
     force: ForceOption = False,
 ) -> None:
     """Stop the job and start it again on the current release.
@@ -86,15 +68,7 @@ def restart(
       dflash restart
       dflash restart --clean
     """
-    with workspace(
-        ctx,
-        target=target,
-        host=host,
-        user=user,
-        port=port,
-        ct=ct,
-        accept_new_host_key=accept_new_host_key,
-    ) as ws:
+    with workspace(ctx, where) as ws:
         report = operations.restart(ws, clean=clean, force=force, say=output.warn)
     if report.archived:
         output.info(f"Archived the checkpoints into {report.archived}.")

@@ -10,27 +10,20 @@ from dflash_ops import operations
 from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import (
-    AcceptKeyOption,
-    CtOption,
     ForceOption,
-    HostOption,
-    PortOption,
-    TargetOption,
-    UserOption,
+    TargetChoice,
+    with_target,
 )
 
 app = typer.Typer()
 
 
 @app.command()
+@with_target
 def deploy(
     ctx: typer.Context,
-    target: TargetOption = None,
-    host: HostOption = None,
-    user: UserOption = None,
-    port: PortOption = None,
-    ct: CtOption = None,
-    accept_new_host_key: AcceptKeyOption = False,
+    *,
+    where: TargetChoice,
     force: ForceOption = False,
     resume: Annotated[
         bool,
@@ -53,15 +46,7 @@ def deploy(
       dflash deploy --host pve --ct 200      # container 200 on a Proxmox node
       dflash deploy --target gpu-box --resume
     """
-    with workspace(
-        ctx,
-        target=target,
-        host=host,
-        user=user,
-        port=port,
-        ct=ct,
-        accept_new_host_key=accept_new_host_key,
-    ) as ws:
+    with workspace(ctx, where) as ws:
         report = operations.deploy(
             ws, resume=resume, force=force, say=output.info, warn=output.warn
         )

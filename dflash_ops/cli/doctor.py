@@ -12,12 +12,8 @@ from dflash_ops import doctor
 from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import (
-    AcceptKeyOption,
-    CtOption,
-    HostOption,
-    PortOption,
-    TargetOption,
-    UserOption,
+    TargetChoice,
+    with_target,
 )
 from dflash_ops.workspace import open_place
 
@@ -25,6 +21,7 @@ app = typer.Typer()
 
 
 @app.command("doctor")
+@with_target
 def doctor_command(
     ctx: typer.Context,
     as_json: Annotated[
@@ -41,12 +38,8 @@ def doctor_command(
         float,
         typer.Option("--min-free-gib", min=0, help="Free space the checkpoints folder needs."),
     ] = doctor.DEFAULT_MIN_FREE_GIB,
-    target: TargetOption = None,
-    host: HostOption = None,
-    user: UserOption = None,
-    port: PortOption = None,
-    ct: CtOption = None,
-    accept_new_host_key: AcceptKeyOption = False,
+    *,
+    where: TargetChoice,
 ) -> None:
     """Check the target before a run: SSH, container, tmux, python, torch, CUDA and the GPU
     count, the checkpoints folder, the target model, and a GPU smoke test at the place.
@@ -60,16 +53,8 @@ def doctor_command(
       dflash doctor --host pve --ct 200       # container 200 on a Proxmox node
       dflash doctor --no-gpu-smoke --json | jq '.checks[] | select(.ok | not)'
     """
-    with workspace(
-        ctx,
-        target=target,
-        host=host,
-        user=user,
-        port=port,
-        ct=ct,
-        accept_new_host_key=accept_new_host_key,
-    ) as ws:
-        place = open_place(ws.target, accept_new_host_key=accept_new_host_key)
+    with workspace(ctx, where) as ws:
+        place = open_place(ws.target, accept_new_host_key=where.accept_new_host_key)
         show = None if as_json else _print_check
         if not as_json:
             output.info(f"Checking {ws.target.describe()} (target {ws.target.name!r}):")

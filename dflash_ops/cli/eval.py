@@ -10,18 +10,15 @@ from dflash_ops import evaluation
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.foreground import drain
 from dflash_ops.cli.options import (
-    AcceptKeyOption,
-    CtOption,
-    HostOption,
-    PortOption,
-    TargetOption,
-    UserOption,
+    TargetChoice,
+    with_target,
 )
 
 app = typer.Typer()
 
 
 @app.command(name="eval")
+@with_target
 def eval_(
     ctx: typer.Context,
     prompts: Annotated[
@@ -45,12 +42,8 @@ def eval_(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the evaluator's report as one JSON object.")
     ] = False,
-    target: TargetOption = None,
-    host: HostOption = None,
-    user: UserOption = None,
-    port: PortOption = None,
-    ct: CtOption = None,
-    accept_new_host_key: AcceptKeyOption = False,
+    *,
+    where: TargetChoice,
 ) -> None:
     """Decode with the drafter at the place: τ, acceptance per slot, speed-up, lossless check.
 
@@ -64,15 +57,7 @@ def eval_(
       dflash eval --prompts /data/heldout.jsonl --checkpoint step-00000300 --limit 16
       dflash eval --prompts /data/heldout.jsonl --max-new-tokens 128 --json
     """
-    with workspace(
-        ctx,
-        target=target,
-        host=host,
-        user=user,
-        port=port,
-        ct=ct,
-        accept_new_host_key=accept_new_host_key,
-    ) as ws:
+    with workspace(ctx, where) as ws:
         request = evaluation.EvalRequest(
             prompts=prompts,
             checkpoint=checkpoint,

@@ -9,18 +9,15 @@ import typer
 from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import (
-    AcceptKeyOption,
-    CtOption,
-    HostOption,
-    PortOption,
-    TargetOption,
-    UserOption,
+    TargetChoice,
+    with_target,
 )
 
 app = typer.Typer()
 
 
 @app.command()
+@with_target
 def logs(
     ctx: typer.Context,
     follow: Annotated[
@@ -32,12 +29,8 @@ def logs(
     tail: Annotated[
         int, typer.Option("--tail", "-n", min=0, help="How many of the last lines to print first.")
     ] = 50,
-    target: TargetOption = None,
-    host: HostOption = None,
-    user: UserOption = None,
-    port: PortOption = None,
-    ct: CtOption = None,
-    accept_new_host_key: AcceptKeyOption = False,
+    *,
+    where: TargetChoice,
 ) -> None:
     """Print the last lines of the job's log; with --follow, stream it until the job ends.
 
@@ -51,15 +44,7 @@ def logs(
       dflash logs --tail 200
       dflash logs --follow        # exit code = the job's exit code
     """
-    with workspace(
-        ctx,
-        target=target,
-        host=host,
-        user=user,
-        port=port,
-        ct=ct,
-        accept_new_host_key=accept_new_host_key,
-    ) as ws:
+    with workspace(ctx, where) as ws:
         try:
             job = ws.job()
             body, size = job.tail(tail)

@@ -10,18 +10,15 @@ from dflash_ops import planning
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.foreground import drain
 from dflash_ops.cli.options import (
-    AcceptKeyOption,
-    CtOption,
-    HostOption,
-    PortOption,
-    TargetOption,
-    UserOption,
+    TargetChoice,
+    with_target,
 )
 
 app = typer.Typer()
 
 
 @app.command()
+@with_target
 def plan(
     ctx: typer.Context,
     gpus: Annotated[
@@ -43,12 +40,8 @@ def plan(
     force: Annotated[
         bool, typer.Option("--force", help="Time even while the job runs on the same GPUs.")
     ] = False,
-    target: TargetOption = None,
-    host: HostOption = None,
-    user: UserOption = None,
-    port: PortOption = None,
-    ct: CtOption = None,
-    accept_new_host_key: AcceptKeyOption = False,
+    *,
+    where: TargetChoice,
 ) -> None:
     """Measure each role alone at the place and print the predicted tokens/s of every
     target + drafter split of the node, and the best one.
@@ -63,15 +56,7 @@ def plan(
       dflash plan --gpus 8 --steps 10
       dflash plan --json | jq .best
     """
-    with workspace(
-        ctx,
-        target=target,
-        host=host,
-        user=user,
-        port=port,
-        ct=ct,
-        accept_new_host_key=accept_new_host_key,
-    ) as ws:
+    with workspace(ctx, where) as ws:
         request = planning.PlanRequest(
             gpus=gpus, steps=steps, warmup=warmup, as_json=as_json, force=force
         )

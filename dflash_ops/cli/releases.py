@@ -12,13 +12,9 @@ from dflash_ops import operations
 from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import (
-    AcceptKeyOption,
-    CtOption,
     ForceOption,
-    HostOption,
-    PortOption,
-    TargetOption,
-    UserOption,
+    TargetChoice,
+    with_target,
 )
 
 app = typer.Typer()
@@ -32,15 +28,12 @@ def _revision(meta: dict[str, Any]) -> str:
 
 
 @app.command()
+@with_target
 def releases(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    target: TargetOption = None,
-    host: HostOption = None,
-    user: UserOption = None,
-    port: PortOption = None,
-    ct: CtOption = None,
-    accept_new_host_key: AcceptKeyOption = False,
+    *,
+    where: TargetChoice,
 ) -> None:
     """List the complete releases at the target: id, time, size, source revision, current.
 
@@ -49,15 +42,7 @@ def releases(
       dflash releases
       dflash releases --json
     """
-    with workspace(
-        ctx,
-        target=target,
-        host=host,
-        user=user,
-        port=port,
-        ct=ct,
-        accept_new_host_key=accept_new_host_key,
-    ) as ws:
+    with workspace(ctx, where) as ws:
         infos = ws.releases().describe()
     rows = [
         {
@@ -85,18 +70,15 @@ def releases(
 
 
 @app.command()
+@with_target
 def rollback(
     ctx: typer.Context,
     to: Annotated[
         str | None,
         typer.Option("--to", help="Release id to go back to (default: the previous one)."),
     ] = None,
-    target: TargetOption = None,
-    host: HostOption = None,
-    user: UserOption = None,
-    port: PortOption = None,
-    ct: CtOption = None,
-    accept_new_host_key: AcceptKeyOption = False,
+    *,
+    where: TargetChoice,
     force: ForceOption = False,
 ) -> None:
     """Point current at an earlier complete release and restart the job on it.
@@ -108,14 +90,6 @@ def rollback(
       dflash rollback
       dflash rollback --to 20260102-030405-678-abcd
     """
-    with workspace(
-        ctx,
-        target=target,
-        host=host,
-        user=user,
-        port=port,
-        ct=ct,
-        accept_new_host_key=accept_new_host_key,
-    ) as ws:
+    with workspace(ctx, where) as ws:
         report = operations.rollback(ws, to=to, force=force, say=output.warn)
     output.success(f"Rolled back to {report.release}; job {report.started.session!r} restarted.")

@@ -15,18 +15,15 @@ from dflash_ops import operations
 from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import (
-    AcceptKeyOption,
-    CtOption,
-    HostOption,
-    PortOption,
-    TargetOption,
-    UserOption,
+    TargetChoice,
+    with_target,
 )
 
 app = typer.Typer()
 
 
 @app.command()
+@with_target
 def status(
     ctx: typer.Context,
     as_json: Annotated[
@@ -35,12 +32,8 @@ def status(
     lines: Annotated[
         int, typer.Option("--lines", "-n", min=0, help="How many last log lines to show.")
     ] = 10,
-    target: TargetOption = None,
-    host: HostOption = None,
-    user: UserOption = None,
-    port: PortOption = None,
-    ct: CtOption = None,
-    accept_new_host_key: AcceptKeyOption = False,
+    *,
+    where: TargetChoice,
 ) -> None:
     """Show whether the job runs (or its exit code), since when, the release, the last log
     lines, the latest loss and throughput the trainer logged, and one line per GPU of the place
@@ -52,15 +45,7 @@ def status(
       dflash status
       dflash status --json | jq .running
     """
-    with workspace(
-        ctx,
-        target=target,
-        host=host,
-        user=user,
-        port=port,
-        ct=ct,
-        accept_new_host_key=accept_new_host_key,
-    ) as ws:
+    with workspace(ctx, where) as ws:
         report = operations.status(ws, lines=lines)
     if as_json:
         output.out.print_json(json.dumps(report)) if output.out.is_terminal else print(
