@@ -22,9 +22,10 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   status=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  for b in bench/bench_*.py; do
-    name=$(basename "$b" .py)
-    $PY "$b" --out "$out/$name.json" 2>&1 | tee "$out/$name.log" || status=1
+  for name in bench_attention bench_loss bench_eval bench_pipeline; do  # bench_cli is CPU-only
+    b=bench/$name.py
+    $PY "$b" --out "$out/$name.json" 2>&1 | tee "$out/$name.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi
 exit $status
