@@ -224,23 +224,13 @@ def mask_density(spec: dict, data: Path, device: torch.device) -> float:
 
 def colocated_rate(config, target, device: torch.device, *, warmup: int, timed: int) -> float:
     from trainer.data import BatchStream, load_samples
-    from trainer.model import Drafter, shape_from_target
     from trainer.pipeline import DrafterWorker, TargetWorker
 
     stream = BatchStream(
         load_samples(config.data.path), config.data, block_size=config.model.block_size, seed=0
     )
     torch.manual_seed(0)
-    shape = shape_from_target(target.config, config.model, num_features=len(target.layers))
-    worker = DrafterWorker(
-        Drafter(shape).to(device),
-        embed_weight=target.embed_weight,
-        lm_head_weight=target.lm_head_weight,
-        optim=config.optim,
-        loss=config.loss,
-        total_steps=config.run.steps,
-        noise=config.data.noise,
-    )
+    worker = DrafterWorker.for_target(target, config, device)
     producer = TargetWorker(target)
     tokens = 0
     for i in range(warmup + timed):

@@ -82,7 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cpu" if args.smoke else "cuda")
 
     from trainer.data import BatchStream, load_samples
-    from trainer.model import Drafter, shape_from_target
     from trainer.pipeline import DrafterWorker, TargetWorker
     from trainer.target import load_target
 
@@ -97,16 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         features = [producer.produce(stream.next_batch()) for _ in range(n)]
         density = mask_density(spec, data, device)
     torch.manual_seed(0)
-    shape = shape_from_target(target.config, cfg.model, num_features=len(target.layers))
-    worker = DrafterWorker(
-        Drafter(shape).to(device),
-        embed_weight=target.embed_weight,
-        lm_head_weight=target.lm_head_weight,
-        optim=cfg.optim,
-        loss=cfg.loss,
-        total_steps=cfg.run.steps,
-        noise=cfg.data.noise,
-    )
+    worker = DrafterWorker.for_target(target, cfg, device)
     for i in range(args.warmup):
         worker.train_step(features[i], i)
     activities = [torch.profiler.ProfilerActivity.CPU]

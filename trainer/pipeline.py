@@ -19,10 +19,10 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from trainer.config import LossConfig, OptimConfig
+from trainer.config import LossConfig, OptimConfig, TrainConfig
 from trainer.data import Batch, uniform_noise
 from trainer.loss import dflash_loss
-from trainer.model import Drafter
+from trainer.model import Drafter, shape_from_target
 from trainer.target import Target
 
 
@@ -141,6 +141,23 @@ class DrafterWorker:
             self.optimizer, lambda s: lr_at(s, optim, total_steps)
         )
         self.device = device
+
+    @classmethod
+    def for_target(cls, target: Target, config: TrainConfig, device: torch.device) -> DrafterWorker:
+        """A new drafter shaped after `target` on `device`, sharing its frozen embedding and
+        lm_head (copied to `device` when the target lives elsewhere), trained per `config`.
+        Seed the global generator first: it initialises the drafter's weights."""
+        shape = shape_from_target(target.config, config.model, num_features=len(target.layers))
+        return cls(
+            Drafter(shape).to(device),
+            embed_weight=target.embed_weight.to(device),
+            lm_head_weight=target.lm_head_weight.to(device),
+            optim=config.optim,
+            loss=config.loss,
+            total_steps=config.run.steps,
+            noise=config.data.noise,
+            seed=config.run.seed,
+        )
 
     def _autocast(self):
         if self.device.type == "cuda":

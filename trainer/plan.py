@@ -91,7 +91,6 @@ def measure_rates(
     """Time each role alone on the configured model and batches (see the module docstring).
     `target`: an already loaded `trainer.target.Target` (else `model.target` is loaded)."""
     from trainer.data import BatchStream, load_samples
-    from trainer.model import Drafter, shape_from_target
     from trainer.pipeline import DrafterWorker, TargetWorker
     from trainer.target import load_target
     from trainer.trainer import resolve_device
@@ -127,17 +126,7 @@ def measure_rates(
     t_target = (time.perf_counter() - start) / steps
 
     torch.manual_seed(config.run.seed)
-    shape = shape_from_target(target.config, m, num_features=len(target.layers))
-    worker = DrafterWorker(
-        Drafter(shape).to(drafter_device),
-        embed_weight=target.embed_weight.to(drafter_device),
-        lm_head_weight=target.lm_head_weight.to(drafter_device),
-        optim=config.optim,
-        loss=config.loss,
-        total_steps=config.run.steps,
-        noise=config.data.noise,
-        seed=config.run.seed,
-    )
+    worker = DrafterWorker.for_target(target, config, drafter_device)
     moved = [
         type(f)(
             **{k: v.to(drafter_device) for k, v in f.tensors().items()}, num_tokens=f.num_tokens

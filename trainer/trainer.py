@@ -22,7 +22,6 @@ from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig, with_overrides
 from trainer.data import BatchStream, DataPosition, load_samples
 from trainer.evaluate import EvalReport, TauProbe, split_holdout
-from trainer.model import Drafter, shape_from_target
 from trainer.pipeline import DrafterWorker, StepResult, TargetWorker
 from trainer.target import load_target
 
@@ -77,18 +76,7 @@ class Trainer:
             num_layers=cfg.model.num_target_layers,
         )
         self.target_worker = TargetWorker(target)
-        shape = shape_from_target(target.config, cfg.model, num_features=len(target.layers))
-        drafter = Drafter(shape).to(self.device)
-        self.drafter_worker = DrafterWorker(
-            drafter,
-            embed_weight=target.embed_weight,
-            lm_head_weight=target.lm_head_weight,
-            optim=cfg.optim,
-            loss=cfg.loss,
-            total_steps=cfg.run.steps,
-            noise=cfg.data.noise,
-            seed=cfg.run.seed,
-        )
+        self.drafter_worker = DrafterWorker.for_target(target, cfg, self.device)
         samples = load_samples(cfg.data.path, max_len=cfg.data.max_len)
         samples, held_out = split_holdout(samples, cfg.data.holdout)
         self.probe = TauProbe.from_config(cfg, target, held_out)
