@@ -263,5 +263,6 @@ def main() -> None:
         summary=summary,
     )
 
+
 if __name__ == "__main__":
     main()

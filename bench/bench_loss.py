@@ -285,5 +285,6 @@ def main() -> None:
         summary=summary,
     )
 
+
 if __name__ == "__main__":
     main()
