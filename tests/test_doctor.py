@@ -336,35 +336,26 @@ def test_unknown_host_key_is_refused_with_its_fingerprint_and_the_flag(ssh_home,
 def lend_python(proxmox, ct: int) -> None:
     """Make this interpreter (and its torch) visible inside container `ct`.
 
-    A container's /root is its own, so an interpreter installed under the host's /root (pyenv,
-    a venv in a home folder) is missing there, as on a fresh container. Bind-mount those folders
-    into the container's mount namespace (the stand-in builds the container's root at
-    `ct/<ct>/mnt`, its init's pid is in `run/<ct>.pid`).
+    A container's /root and /tmp are its own, so an interpreter installed under the host's
+    /root (pyenv, a venv in a home folder) or /tmp (a checkout there) is missing inside, as on
+    a fresh container. Bind-mount those folders, read-only, into the container's mount namespace
+    (the stand-in builds the container's root at `ct/<ct>/mnt`, its init's pid is in
+    `run/<ct>.pid`; the host's folders keep their paths in that namespace).
     """
     pid = (proxmox.state / "run" / f"{ct}.pid").read_text().strip()
-    roots = set()
+    tops = set()
     for path in (sys.prefix, sys.base_prefix, os.path.realpath(sys.executable)):
         parts = Path(path).parts
-        if len(parts) > 2 and parts[1] == "root":
-            roots.add(parts[2])
-    for name in sorted(roots):
-        (proxmox.root_dir(ct) / name).mkdir(exist_ok=True)
-        inside = proxmox.state / "ct" / str(ct) / "mnt" / "root" / name
-        subprocess.run(
-            [
-                "nsenter",
-                "-t",
-                pid,
-                "-m",
-                "mount",
-                "--bind",
-                "-o",
-                "ro",
-                f"/root/{name}",
-                str(inside),
-            ],
-            check=True,
-        )
+        if len(parts) > 2 and parts[1] in ("root", "tmp"):
+            tops.add(Path("/", parts[1], parts[2]))
+    mnt = proxmox.state / "ct" / str(ct) / "mnt"
+    for top in sorted(tops):
+        inside = mnt / top.relative_to("/")
+        for argv in (
+            ["mkdir", "-p", str(inside)],
+            ["mount", "--bind", "-o", "ro", str(top), str(inside)],
+        ):
+            subprocess.run(["nsenter", "-t", pid, "-m", *argv], check=True)
 
 
 def pve_project(tmp_path: Path, *, host: str = "pvehost", ct: int = 200) -> Path:
