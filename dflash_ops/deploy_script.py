@@ -65,11 +65,7 @@ stop=("${@:1:5}"); shift 5
 
 if [ "$check" = 1 ]; then
   say step tmux
-  if command -v tmux >/dev/null; then
-    out=$(tmux -V); rc=$?
-  else
-    echo "tmux: command not found" >&2; out="" rc=127
-  fi
+  if dflash_have_tmux; then out=$(tmux -V); rc=$?; else out="" rc=127; fi
   say tmux "$rc ${out%%$'\n'*}"
   [ "$rc" = 0 ] || exit @PREFLIGHT@
   say step python
@@ -179,6 +175,11 @@ class Steps:
     preflight: bool = False  # tmux and python first
     start: bool = True  # start the job (of `current`) at the end
 
+    @property
+    def release(self) -> str | None:
+        """The release `current` is switched to: the bundle's, the rollback's, or None."""
+        return self.bundle.release_id if self.bundle is not None else self.switch_to
+
 
 @dataclass(frozen=True, kw_only=True)
 class Done:
@@ -206,10 +207,9 @@ class DeployPlan:
 
 def argv(plan: DeployPlan, steps: Steps, owner: Owner, *, mode: str, archive: str) -> list[str]:
     probe = python_probe_argv(plan.setup)
-    switch_to = steps.bundle.release_id if steps.bundle is not None else steps.switch_to
     return [
         "bash", "-c", SCRIPT, "dflash-" + steps.doing,
-        plan.releases.root, release.checked_id(switch_to) if switch_to else "",
+        plan.releases.root, release.checked_id(steps.release) if steps.release else "",
         _flag(steps.bundle is not None), str(plan.keep),
         plan.lock.path, owner.text(), mode, plan.checkpoints.path, archive,
         _flag(steps.preflight), _flag(steps.start),
@@ -248,9 +248,8 @@ def run(
     if outcome.exit_code != 0 or outcome.step != "done":
         raise _error(plan, steps, outcome)
     stopped, started = outcome.fact("stopped"), outcome.fact("started")
-    switched = steps.bundle.release_id if steps.bundle is not None else steps.switch_to
     return Done(
-        release=switched or outcome.fact("current"),
+        release=steps.release or outcome.fact("current"),
         removed=sorted(outcome.facts.get("removed", [])),
         stopped=plan.job.parse_line(stopped) if stopped else None,
         archived=outcome.fact("archived"),
@@ -289,11 +288,10 @@ def _error(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError:
         # raises the place's own error when the place is what went away.
         plan.job.state()
     code = int(status) if status and status.isdigit() else outcome.exit_code
-    switch_to = steps.bundle.release_id if steps.bundle is not None else steps.switch_to
     if step == "unpack" and steps.bundle is not None:
         return plan.releases.unpack_failed(steps.bundle.release_id, stderr)
-    if step == "switch" and switch_to is not None:
-        return plan.releases.switch_failed(switch_to, stderr)
+    if step == "switch" and steps.release is not None:
+        return plan.releases.switch_failed(steps.release, stderr)
     if step == "current":
         return plan.releases.nothing_deployed()
     if step == "start":

@@ -3,8 +3,9 @@ trainer's per-rank metrics (which rank, which role, how much memory torch holds 
 
 `nvidia-smi` runs at the place with the `PATH` and `LD_LIBRARY_PATH` of `[job] env` when it sets
 them (they decide which nvidia-smi runs and which driver library it loads, as for the trainer);
-the rest of that env (tokens, maybe) stays off the command line. A place without it, or one whose driver does not answer, has no GPU table: `read`
-returns a short note instead and never raises, because a status must show even then.
+the rest of that env (tokens, maybe) stays off the command line. A place without it, or one
+whose driver does not answer, has no GPU table: `read` returns a short note instead and never
+raises, because a status must show even then.
 
 A rank's `gpu` is its local rank, i.e. its CUDA device index among the visible devices; with
 `CUDA_VISIBLE_DEVICES` in `[job] env` (a list of indices) it names the physical GPU through that

@@ -346,17 +346,20 @@ class Job:
             raise _tmux_missing(self.place.description)
         self._check(TmuxResult(exit_code, stdout, stderr), "start the job")
 
-    def stop_args(self, timeout: float | None = None) -> list[str]:
-        """The arguments of `dflash_job_stop`: socket, session, and the 0.1 s ticks to wait after
-        SIGINT (`stop_timeout`), SIGTERM (at most 10 s) and SIGKILL (5 s)."""
+    def _stop_waits(self, timeout: float | None) -> tuple[float, float, float]:
+        """Seconds to wait after SIGINT (`stop_timeout`), SIGTERM (at most 10) and SIGKILL (5)."""
         wait = self.stop_timeout if timeout is None else timeout
-        ticks = [str(max(1, round(s * 10))) for s in (wait, min(wait, 10.0), 5.0)]
+        return wait, min(wait, 10.0), 5.0
+
+    def stop_args(self, timeout: float | None = None) -> list[str]:
+        """The arguments of `dflash_job_stop`: socket, session, and the 0.1 s ticks of each of
+        the three waits (`_stop_waits`)."""
+        ticks = [str(max(1, round(s * 10))) for s in self._stop_waits(timeout)]
         return [self.socket, self.session, *ticks]
 
     def stop_seconds(self, timeout: float | None = None) -> float:
         """The longest `dflash_job_stop` can take, with room for the commands around it."""
-        wait = self.stop_timeout if timeout is None else timeout
-        return wait + min(wait, 10.0) + 5.0 + 30.0
+        return sum(self._stop_waits(timeout)) + 30.0
 
     def stop(self, *, timeout: float | None = None) -> JobState | None:
         """Interrupt the job, escalate, and end the session. Returns its last state, or None.

@@ -56,12 +56,8 @@ class RestartReport:
     started: JobState
 
 
-def start_job(ws: Workspace) -> JobState:
-    """Start the current release's `launch.sh` in the job session."""
-    return ws.job().start(launch_argv(ws), cwd=f"{ws.target.root}/current", env=ws.config.job.env)
-
-
 def launch_argv(ws: Workspace) -> list[str]:
+    """What the job's tmux session runs: the current release's `launch.sh`."""
     return ["bash", f"{ws.target.root}/current/launch.sh"]
 
 
