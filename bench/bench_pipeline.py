@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dev_name = "cpu" if args.smoke else "cuda"
     t0 = time.perf_counter()
-    from trainer.plan import measure_rates, on_device, predict
+    from trainer.plan import measure_rates, predict
     from trainer.target import load_target
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -285,10 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         # kernel recompiles for another device index, which costs minutes cold).
         del target
         target = load_target(target_config(spec), device=d1, num_layers=5, seed=0)
-        with on_device(d1):
-            colo = colocated_rate(
-                cfg, target, d1, warmup=spec["warmup"] - 1 or 1, timed=spec["timed"]
-            )
+        colo = colocated_rate(cfg, target, d1, warmup=spec["warmup"] - 1 or 1, timed=spec["timed"])
         print(f"[{time.perf_counter() - t0:.0f} s] colocated: {colo:,.0f} tok/s", flush=True)
         density = mask_density(spec, data, d1)
         del target

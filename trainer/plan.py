@@ -15,7 +15,6 @@ is 1 / (1/r_target + 1/r_drafter). The first steps (compiles, allocator warm-up)
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -68,12 +67,6 @@ def colocated(rates: Rates) -> float:
     return 1.0 / (1.0 / rates.r_target + 1.0 / rates.r_drafter)
 
 
-def on_device(device: torch.device):
-    """Make `device` current while a role is timed: kernels that launch on the current device
-    (hand-written Triton) must run where their tensors live."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -116,13 +109,12 @@ def measure_rates(
     tokens = sum(b.num_tokens for b in batches[warmup:]) / steps
 
     features = []
-    with on_device(tdev):
-        for i, b in enumerate(batches):
-            if i == warmup:
-                _sync(tdev)
-                start = time.perf_counter()
-            features.append(producer.produce(b))
-        _sync(tdev)
+    for i, b in enumerate(batches):
+        if i == warmup:
+            _sync(tdev)
+            start = time.perf_counter()
+        features.append(producer.produce(b))
+    _sync(tdev)
     t_target = (time.perf_counter() - start) / steps
 
     torch.manual_seed(config.run.seed)
@@ -134,13 +126,12 @@ def measure_rates(
         for f in features
     ]
     del features
-    with on_device(drafter_device):
-        for i, f in enumerate(moved):
-            if i == warmup:
-                _sync(drafter_device)
-                start = time.perf_counter()
-            worker.train_step(f, i)
-        _sync(drafter_device)
+    for i, f in enumerate(moved):
+        if i == warmup:
+            _sync(drafter_device)
+            start = time.perf_counter()
+        worker.train_step(f, i)
+    _sync(drafter_device)
     t_drafter = (time.perf_counter() - start) / steps
     return Rates(
         r_target=tokens / t_target,
