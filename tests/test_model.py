@@ -165,3 +165,56 @@ def test_target_roundtrip_through_save_pretrained(tmp_path) -> None:
         load_target(tmp_path / "t", layers=[5])
     with pytest.raises(TrainConfigError, match="model.target"):
         load_target(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("sliding", [False, True])
+def test_compiled_layers_match_eager_values_and_gradients(sliding: bool) -> None:
+    """Compiling the layers changes neither the outputs nor the gradients, traces each layer as
+    one graph, and keeps the parameter names (checkpoints load either way)."""
+    from torch._dynamo.utils import counters
+
+    kw = {"sliding_window": 6, "sliding_layers": [1]} if sliding else {}
+    eager, compiled = make_drafter(**kw).train(), make_drafter(**kw).train()
+    names = [n for n, _ in compiled.named_parameters()]
+    torch._dynamo.reset()
+    counters.clear()
+    compiled.compile_layers(backend="aot_eager")
+    assert [n for n, _ in compiled.named_parameters()] == names
+    features, ids, anchors, valid, embed = inputs()
+    features = features.double().requires_grad_()
+    eager.double(), compiled.double()
+    grads = []
+    for model in (eager, compiled):
+        features.grad = None
+        model.zero_grad()
+        out = model(features, ids, anchors, valid, embed.double())
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        grads.append((out.detach(), features.grad.clone(), [p.grad for p in model.parameters()]))
+    (out_e, fg_e, pg_e), (out_c, fg_c, pg_c) = grads
+    torch.testing.assert_close(out_c, out_e, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(fg_c, fg_e, rtol=1e-10, atol=1e-12)
+    for a, b in zip(pg_c, pg_e, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] >= 1
+
+
+def test_compiled_layers_fail_loudly_when_their_compile_cache_is_full() -> None:
+    """A layer that meets more shapes than dynamo's limit raises CompileCacheFull naming it."""
+    from trainer.errors import CompileCacheFull
+
+    config = torch._dynamo.config
+    torch._dynamo.reset()
+    with config.patch(
+        recompile_limit=config.recompile_limit,
+        fail_on_recompile_limit_hit=config.fail_on_recompile_limit_hit,
+    ):
+        drafter = make_drafter()
+        drafter.compile_layers(backend="aot_eager")
+        assert config.fail_on_recompile_limit_hit and config.recompile_limit >= 64
+        with config.patch(recompile_limit=2):  # layer 0 (input without grad) and the others
+            drafter(*inputs(seq=24))
+            with pytest.raises(CompileCacheFull, match="A drafter layer was compiled") as info:
+                drafter(*inputs(seq=40))
+        assert "data.bucket" in str(info.value)
+    torch._dynamo.reset()

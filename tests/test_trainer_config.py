@@ -45,6 +45,7 @@ def test_deploy_toml_train_table(tmp_path) -> None:
         ("model.block_size=1", "model.block_size"),
         ("model.sliding_layers=[7]", "model.sliding_layers"),
         ("loss.kl_weight=2", "loss.kl_weight"),
+        ("run.compile=maybe", "run.compile"),
     ],
 )
 def test_errors_name_the_key(tmp_path, override: str, key: str) -> None:
@@ -53,6 +54,20 @@ def test_errors_name_the_key(tmp_path, override: str, key: str) -> None:
     with pytest.raises(TrainConfigError) as err:
         load_config(path, [override])
     assert err.value.key == key and key in str(err.value)
+
+
+def test_compile_defaults_to_cuda_only_and_leaves_the_checkpoint_hash(tmp_path) -> None:
+    import torch
+
+    path = tmp_path / "c.toml"
+    path.write_text(BASE)
+    auto, off, on = (
+        load_config(path, o) for o in ([], ["run.compile=false"], ["run.compile=true"])
+    )
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 1)
+    assert (auto.run.compiles_on(cpu), auto.run.compiles_on(cuda)) == (False, True)
+    assert (off.run.compiles_on(cuda), on.run.compiles_on(cpu)) == (False, True)
+    assert auto.model_data_hash() == off.model_data_hash() == on.model_data_hash()
 
 
 def test_missing_target_named(tmp_path) -> None:

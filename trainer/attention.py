@@ -27,7 +27,8 @@ no NaN reaches the loss, which ignores those rows anyway.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,7 +71,7 @@ def flex_kernels(*, compiled: bool = True) -> FlexKernels:
     """
     if not compiled:
         return FlexKernels(attention=flex_attention, block_mask=create_block_mask, compiled=False)
-    _fail_instead_of_eager_fallback()
+    fail_instead_of_eager_fallback()
     return FlexKernels(
         attention=torch.compile(flex_attention),
         block_mask=torch.compile(create_block_mask),
@@ -78,7 +79,7 @@ def flex_kernels(*, compiled: bool = True) -> FlexKernels:
     )
 
 
-def _fail_instead_of_eager_fallback() -> None:
+def fail_instead_of_eager_fallback() -> None:
     """Make dynamo raise when a kernel's compile cache is full, instead of running it eagerly.
 
     Dynamo's recompile limit (8 by default) counts per code object for the whole process; the
@@ -90,15 +91,22 @@ def _fail_instead_of_eager_fallback() -> None:
     config.fail_on_recompile_limit_hit = True
 
 
-def _compiled_call(kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+@contextmanager
+def recompile_limit_as_error(what: str) -> Iterator[None]:
+    """Raise `CompileCacheFull` naming `what` where dynamo reports a full compile cache."""
     try:
-        return kernel(*args, **kwargs)
+        yield
     except torch._dynamo.exc.FailOnRecompileLimitHit as exc:
         limit = torch._dynamo.config.recompile_limit
         raise CompileCacheFull(
-            f"A FlexAttention kernel was compiled for more than {limit} distinct shapes in this "
+            f"{what} was compiled for more than {limit} distinct shapes in this "
             f"process ({str(exc).splitlines()[0] if str(exc) else 'recompile limit hit'})"
         ) from exc
+
+
+def _compiled_call(kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    with recompile_limit_as_error("A FlexAttention kernel"):
+        return kernel(*args, **kwargs)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -161,6 +161,11 @@ class RunConfig:
     keep_last: int = 3
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:N"
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
+    compile: bool | None = None  # compile the drafter's layers; None: on CUDA only
+
+    def compiles_on(self, device: Any) -> bool:
+        """Whether the drafter's layers are compiled on `device` (a torch.device)."""
+        return device.type == "cuda" if self.compile is None else self.compile
 
     def __post_init__(self) -> None:
         _positive("run.steps", self.steps)

@@ -51,11 +51,13 @@ class AttentionBackendUnavailable(TrainerError):
 
 
 class CompileCacheFull(TrainerError):
-    """torch.compile met more distinct shapes of one kernel than its recompile limit allows.
+    """torch.compile met more distinct shapes of one kernel (FlexAttention, the mask builder or a
+    compiled drafter layer) than its recompile limit allows.
 
-    Past the limit dynamo would silently run FlexAttention eagerly, which materialises the fp32
-    score matrix (hundreds of GiB at the drafter's shapes): an out-of-memory error or a 10×
-    slower run far from its cause. The trainer makes dynamo raise instead, and names the knobs.
+    Past the limit dynamo would silently run the code eagerly: for FlexAttention that
+    materialises the fp32 score matrix (hundreds of GiB at the drafter's shapes), an
+    out-of-memory error or a 10× slower run far from its cause. The trainer makes dynamo raise
+    instead, and names the knobs.
     """
 
     hint = (

@@ -21,7 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainer.attention import DraftMask, build_draft_mask, draft_attention
+from trainer.attention import (
+    DraftMask,
+    build_draft_mask,
+    draft_attention,
+    fail_instead_of_eager_fallback,
+    recompile_limit_as_error,
+)
 from trainer.config import ModelConfig, TrainConfigError
 
 
@@ -200,6 +206,20 @@ class Drafter(nn.Module):
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
 
+    def compile_layers(self, **options: Any) -> None:
+        """Compile each decoder layer in place (`nn.Module.compile`: parameter names unchanged).
+
+        Eager, every RMSNorm, RoPE, SwiGLU and residual add is its own pass over fp32 or bf16
+        activations, forward and backward; compiled, they fuse into the kernels around the
+        matmuls, and the FlexAttention call is traced into the same graph. The layers share one
+        compiled graph (modules are inlined, their parameters are inputs). `options` go to
+        `torch.compile` (the CPU tests pick a backend that needs no C++ compiler). Past dynamo's
+        recompile limit a layer raises `CompileCacheFull`, as the attention kernels do.
+        """
+        fail_instead_of_eager_fallback()
+        for layer in self.layers:
+            layer.compile(**options)
+
     def block_tokens(self, input_ids: Tensor, anchors: Tensor) -> Tensor:
         """`[x_anchor, MASK, …]` → (Bsz, N, B) long."""
         bsz, n = anchors.shape
@@ -257,6 +277,7 @@ class Drafter(nn.Module):
         rope_q = rope_cos_sin(blk_pos, s.head_dim, s.rope_theta)
         rope_k = rope_cos_sin(torch.cat([ctx_pos, blk_pos], dim=1), s.head_dim, s.rope_theta)
         masks = self.build_masks(anchors, valid, seq)
-        for layer in self.layers:
-            x = layer(x, ctx, rope_q, rope_k, masks[layer.sliding])
+        with recompile_limit_as_error("A drafter layer"):
+            for layer in self.layers:
+                x = layer(x, ctx, rope_q, rope_k, masks[layer.sliding])
         return self.norm(x).reshape(bsz, n, s.block_size, -1)  # (Bsz, N, B, H)

@@ -111,7 +111,10 @@ class DrafterWorker:
         noise: float = 0.0,
         seed: int = 0,
         loss_chunk_rows: int | None = None,
+        compile_layers: bool = False,
     ) -> None:
+        if compile_layers:
+            drafter.compile_layers()
         self.drafter = drafter
         self.module: torch.nn.Module = (
             drafter  # what the forward calls: the drafter or its DDP wrapper
@@ -157,6 +160,7 @@ class DrafterWorker:
             total_steps=config.run.steps,
             noise=config.data.noise,
             seed=config.run.seed,
+            compile_layers=config.run.compiles_on(device),
         )
 
     def _autocast(self):

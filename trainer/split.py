@@ -268,6 +268,7 @@ def _run_drafter(
         total_steps=config.run.steps,
         noise=config.data.noise,
         seed=config.run.seed,
+        compile_layers=config.run.compiles_on(device),
     )
     if state:
         worker.load_state_dict(state["worker"])
