@@ -10,16 +10,23 @@
 3. the split run (`trainer.split.run_split`, two spawned processes, NCCL p2p) → measured tokens/s
    from its metrics rows after the warm-up steps; pipeline efficiency = measured ÷
    min(T·r_target, D·r_drafter);
-4. the drafter's model-FLOP utilisation: FLOPs of one train step (below) ÷ step time ÷ 989
-   TFLOP/s (H200 dense bf16 peak), also against the ~790 TFLOP/s measured matmul rate.
+4. the drafter's model-FLOP utilisation: the model FLOPs of the timed steps' batches (below)
+   ÷ their time ÷ 989 TFLOP/s (H200 dense bf16 peak), also against the ~790 TFLOP/s measured
+   matmul rate.
 
-Drafter train-step FLOPs for one sequence (fwd + bwd = 3× fwd for GEMMs with a weight gradient):
-- linear layers: 6·(weights applied per token)·(tokens they see): `fc` and the k/v projections
-  see the S context tokens (+ the Q = N·B block tokens for k/v), q/o/MLP see Q;
-- attention: 14·Q·K·head_dim·heads·density (fwd 4, bwd 10; density = the BlockMask's non-empty
-  share of 128×128 tiles);
-- lm_head and loss with the frozen weight: 2·R·H·V for the drafter's logits, 2·R·H·V for their
-  input gradient, 2·R·H·V for the target's logits of the KL term (R = N·B rows).
+Model FLOPs of one drafter train step (`drafter_model_flops`, from the batch itself): the work
+the model needs, not what the kernels happen to do — no backward recomputation, no masked-out
+scores inside a computed tile, no padding.
+- linear layers, per token they see: 2 forward + 2 for the weight gradient + 2 for the input
+  gradient where the input needs one. `fc` sees the real context tokens and its input (the
+  target's features) needs none (4×); k/v see context + block tokens, q/o/MLP the block tokens
+  of the valid blocks (Q = valid blocks·B); layer 0's q/k/v read the frozen block-token
+  embeddings, which need no gradient (4× for those);
+- attention: 12·head_dim·heads·P (forward 4: QKᵀ and PV; backward 8), P = the (query, key)
+  pairs the mask allows, counted from the dense mask of the batch;
+- lm_head and loss with the frozen weight, over the R supervised rows (the loss computes no
+  other): 2·R·H·V for the drafter's logits, 2·R·H·V for their input gradient, 2·R·H·V for the
+  target's logits of the KL term.
 Prints a markdown table and writes the JSON. Targets the 6-minute budget on 2×H200 (compiles
 included); all weights are random (no files, no network).
 """
@@ -57,6 +64,7 @@ FULL = {
     "seq_len": 4096,
     "num_anchors": 512,
     "drafter_layers": 5,
+    "features": 5,  # target layers the drafter reads
     "block_size": 16,
     "samples": 64,
     "warmup": 3,
@@ -77,6 +85,7 @@ SMOKE = {
     "seq_len": 128,
     "num_anchors": 16,
     "drafter_layers": 2,
+    "features": 5,
     "block_size": 8,
     "samples": 16,
     "warmup": 1,
@@ -145,7 +154,7 @@ def make_loader(spec: dict):
     def loader(config, device):
         from trainer.target import load_target
 
-        return load_target(target_config(spec), device=device, num_layers=5, seed=0)
+        return load_target(target_config(spec), device=device, num_layers=spec["features"], seed=0)
 
     return loader
 
@@ -191,18 +200,40 @@ def measured_rate(rows: list[dict], warmup: int) -> float:
     return sum(r["tokens"] for r in timed) / (timed[-1]["time"] - start)
 
 
-def drafter_flops(spec: dict, density: float) -> float:
-    """FLOPs of one drafter train step on one sequence (module docstring)."""
+def drafter_model_flops(spec: dict, batch) -> float:
+    """Model FLOPs of one drafter train step on `batch` (a `trainer.data.Batch`; module doc)."""
+    from trainer.loss import IGNORE_INDEX
+    from trainer.masks import batched_dense_mask
+
     t = spec["target"]
     h, hq, hkv = t["hidden_size"], t["num_attention_heads"], t["num_key_value_heads"]
     hd, inter, v = t["head_dim"], t["intermediate_size"], t["vocab_size"]
-    s, q = spec["seq_len"], spec["num_anchors"] * spec["block_size"]
-    k = s + q
-    fc = 6 * (5 * h * h) * s
-    per_layer = 6 * (h * hq * hd + hq * hd * h + 3 * h * inter) * q + 6 * (2 * h * hkv * hd) * k
-    attn = 14 * q * k * hd * hq * density
-    head = 3 * 2 * q * h * v
-    return fc + spec["drafter_layers"] * (per_layer + attn) + head
+    b, layers = spec["block_size"], spec["drafter_layers"]
+    context = int(batch.lengths.sum())  # real context tokens
+    q = int(batch.valid.sum()) * b  # rows of the valid blocks
+    slot = torch.arange(b, device=batch.labels.device)
+    rows = int(((batch.labels != IGNORE_INDEX) & (slot >= 1)).sum())  # supervised rows
+    pairs = int(
+        batched_dense_mask(batch.anchors, batch.input_ids.shape[1], b, valid=batch.valid).sum()
+    )
+    q_w, o_w, kv_w, mlp_w = h * hq * hd, hq * hd * h, 2 * h * hkv * hd, 3 * h * inter
+    fc = 4 * (spec["features"] * h * h) * context
+    per_layer = 6 * (q_w + o_w + mlp_w) * q + 6 * kv_w * (context + q)
+    first_layer_frozen_inputs = 2 * (q_w + kv_w) * q  # no input gradient into the embeddings
+    attn = 12 * hd * hq * pairs
+    head = 3 * 2 * rows * h * v
+    return fc + layers * (per_layer + attn) - first_layer_frozen_inputs + head
+
+
+def mean_model_flops(spec: dict, data: Path, *, skip: int, count: int) -> float:
+    """Mean `drafter_model_flops` over batches skip…skip+count−1 of the benchmark's stream (the
+    batches the timed steps train on)."""
+    from trainer.data import BatchStream, load_samples
+
+    cfg = train_config(spec, data, device="cpu", steps=1)
+    stream = BatchStream(load_samples(data), cfg.data, block_size=spec["block_size"], seed=0)
+    batches = [stream.next_batch() for _ in range(skip + count)][skip:]
+    return sum(drafter_model_flops(spec, batch) for batch in batches) / count
 
 
 def mask_density(spec: dict, data: Path, device: torch.device) -> float:
@@ -267,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         d0 = torch.device("cuda", 0) if not args.smoke else torch.device("cpu")
         d1 = torch.device("cuda", 1) if not args.smoke else torch.device("cpu")
         cfg = train_config(spec, data, device=dev_name, steps=100)
-        target = load_target(target_config(spec), device=d0, num_layers=5, seed=0)
+        target = load_target(target_config(spec), device=d0, num_layers=spec["features"], seed=0)
         rates = measure_rates(
             cfg,
             target=target,
@@ -284,10 +315,11 @@ def main(argv: list[str] | None = None) -> int:
         # Colocated on the drafter's device: its kernels are compiled there already (a compiled
         # kernel recompiles for another device index, which costs minutes cold).
         del target
-        target = load_target(target_config(spec), device=d1, num_layers=5, seed=0)
+        target = load_target(target_config(spec), device=d1, num_layers=spec["features"], seed=0)
         colo = colocated_rate(cfg, target, d1, warmup=spec["warmup"] - 1 or 1, timed=spec["timed"])
         print(f"[{time.perf_counter() - t0:.0f} s] colocated: {colo:,.0f} tok/s", flush=True)
         density = mask_density(spec, data, d1)
+        flops = mean_model_flops(spec, data, skip=spec["warmup"], count=spec["timed"])
         del target
         if d0.type == "cuda":
             torch.cuda.empty_cache()
@@ -296,7 +328,6 @@ def main(argv: list[str] | None = None) -> int:
         measured = measured_rate(rows, spec["split_warmup"])
     (plan_1_1,) = predict(rates, 2)
     bound = min(rates.r_target, rates.r_drafter)
-    flops = drafter_flops(spec, density)
     achieved = flops / rates.drafter_s_per_batch
     last = rows[-1]
     result = {
@@ -313,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         "pipeline_efficiency": measured / bound,
         "colocated_tokens_per_s": colo,
         "mask_density": density,
-        "drafter_step_flops": flops,
+        "drafter_model_flops_per_step": flops,
+        "compiled_layers": cfg.run.compiles_on(d1),
         "drafter_tflops": achieved / 1e12,
         "drafter_mfu_vs_peak": achieved / PEAK_BF16,
         "drafter_mfu_vs_matmul": achieved / MEASURED_MATMUL,

@@ -1,7 +1,7 @@
 """Where one drafter training step spends its GPU time, at the two-GPU benchmark's shapes.
 
-    python bench/profile_drafter.py [--steps 2] [--out drafter-profile.json]   # one GPU
-    python bench/profile_drafter.py --smoke                                    # CPU, tiny
+    python bench/profile_drafter.py [--steps 2] [--compile on|off] [--out profile.json]  # one GPU
+    python bench/profile_drafter.py --smoke                                             # CPU
 
 Same model, data and settings as `bench_pipeline.py` (Qwen3-8B-shaped random target, 5-layer
 drafter, 4,096 tokens, 512 anchors): the target produces the features once, then the drafter's
@@ -9,7 +9,10 @@ drafter, 4,096 tokens, 512 anchors): the target produces the features once, then
 the kernels sorted by GPU time and a summary by kind — attention forward and backward
 (FlexAttention on a GPU), the BlockMask, matrix multiplies, the loss's kernels, the optimizer,
 the rest — with each kind's share of the step, the step's wall time and the drafter MFU it
-implies, so that the distance to the MFU goal can be attributed before it is worked on.
+implies (model FLOPs as `bench_pipeline.drafter_model_flops` counts them), so that the distance
+to the MFU goal can be attributed before it is worked on. `--compile on|off` picks whether the
+drafter's layers are compiled (`run.compile`; default: on a GPU); dynamo's graph breaks are
+reported, since one inside a layer splits its fused graph.
 """
 
 from __future__ import annotations
@@ -31,8 +34,7 @@ from bench.bench_pipeline import (
     FULL,
     PEAK_BF16,
     SMOKE,
-    drafter_flops,
-    mask_density,
+    drafter_model_flops,
     target_config,
     train_config,
     write_data,
@@ -57,15 +59,39 @@ def kind_of(name: str) -> str:
     return next((k for k, pattern in KINDS if pattern.search(name)), "other")
 
 
-def summarize(events: list[tuple[str, float]], step_us: float) -> list[dict]:
-    """(kernel name, total µs) over the profiled steps → one row per kind, share of the step."""
+def summarize(events: list[tuple[str, float]], total_us: float) -> list[dict]:
+    """(kernel name, µs per step) → one row per kind with its share of `total_us`."""
     totals: dict[str, float] = {}
     for name, us in events:
         totals[kind_of(name)] = totals.get(kind_of(name), 0.0) + us
     return [
-        {"kind": k, "ms_per_step": v / 1e3, "share_of_step": v / step_us}
+        {"kind": k, "ms_per_step": v / 1e3, "share": v / total_us if total_us else 0.0}
         for k, v in sorted(totals.items(), key=lambda kv: -kv[1])
     ]
+
+
+def _kernel_times(averages, *, gpu: bool) -> list[tuple[object, float]]:
+    """(event, µs) of the kernels only: on a GPU the device events that are not annotations
+    (an `Optimizer.step` range would count its kernels twice); on the CPU each op's self time."""
+    if not gpu:
+        return [(e, e.self_cpu_time_total) for e in averages if e.self_cpu_time_total > 0]
+    return [
+        (e, e.self_device_time_total)
+        for e in averages
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and e.self_device_time_total > 0
+    ]
+
+
+def _seconds_per_step(worker, features: list, steps: range, device: torch.device) -> float:
+    """Wall time per drafter step over `steps` (each ends with a host sync: `.tolist()`)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for i in steps:
+        worker.train_step(features[i], i)
+    return (time.perf_counter() - start) / len(steps)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compiles)")
     parser.add_argument("--out", default=None, help="also write the summary as JSON")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes (a check)")
+    parser.add_argument(
+        "--compile", choices=("auto", "on", "off"), default="auto", help="compile the layers"
+    )
     args = parser.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         print("needs a CUDA GPU (use --smoke for a CPU check)", file=sys.stderr)
@@ -81,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     spec = SMOKE if args.smoke else FULL
     device = torch.device("cpu" if args.smoke else "cuda")
 
+    from torch._dynamo.utils import counters
+
+    from trainer.config import with_overrides
     from trainer.data import BatchStream, load_samples
     from trainer.pipeline import DrafterWorker, TargetWorker
     from trainer.target import load_target
@@ -89,54 +121,60 @@ def main(argv: list[str] | None = None) -> int:
         data = Path(tmp) / "data.jsonl"
         write_data(data, spec)
         cfg = train_config(spec, data, device=device.type, steps=100)
-        target = load_target(target_config(spec), device=device, num_layers=5, seed=0)
+        if args.compile != "auto":
+            cfg = with_overrides(cfg, run={"compile": args.compile == "on"})
+        target = load_target(
+            target_config(spec), device=device, num_layers=spec["features"], seed=0
+        )
         stream = BatchStream(load_samples(data), cfg.data, block_size=cfg.model.block_size, seed=0)
         producer = TargetWorker(target)
-        n = args.warmup + args.steps
-        features = [producer.produce(stream.next_batch()) for _ in range(n)]
-        density = mask_density(spec, data, device)
+        n = args.warmup + 2 * args.steps
+        batches = [stream.next_batch().to(device) for _ in range(n)]
+        features = [producer.produce(batch) for batch in batches]
+    timed = range(args.warmup, args.warmup + args.steps)
+    flops = sum(drafter_model_flops(spec, batches[i]) for i in timed) / args.steps
+    counters.clear()
     torch.manual_seed(0)
     worker = DrafterWorker.for_target(target, cfg, device)
     for i in range(args.warmup):
         worker.train_step(features[i], i)
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    with torch.profiler.profile(activities=activities) as prof:
-        for i in range(args.warmup, n):
-            worker.train_step(features[i], i)  # ends with a host sync (.tolist())
-    step_s = (time.perf_counter() - start) / args.steps
-    averages = prof.key_averages()
     gpu = device.type == "cuda"
-    events = [
-        (e.key, (e.device_time_total if gpu else e.self_cpu_time_total) / args.steps)
-        for e in averages
-        if (e.device_time_total if gpu else e.self_cpu_time_total) > 0
-        and (not gpu or e.device_type == torch.autograd.DeviceType.CUDA)
-    ]
-    rows = summarize(events, step_s * 1e6)
-    flops = drafter_flops(spec, density)
+    step_s = _seconds_per_step(worker, features, timed, device)
+    profiled = range(args.warmup + args.steps, n)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if gpu:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        profiled_s = _seconds_per_step(worker, features, profiled, device)
+    averages = prof.key_averages()
+    events = [(e.key, us / args.steps) for e, us in _kernel_times(averages, gpu=gpu)]
+    kernel_us = sum(us for _, us in events)
+    rows = summarize(events, kernel_us)
     result = {
         "device": torch.cuda.get_device_name(0) if gpu else "cpu",
         "torch": torch.__version__,
+        "compiled_layers": cfg.run.compiles_on(device),
+        "graph_breaks": dict(counters["graph_break"]),
+        "model_flops_per_step": flops,
         "step_ms": step_s * 1e3,
         "tokens_per_s": spec["seq_len"] / step_s,
         "mfu_vs_peak": flops / step_s / PEAK_BF16,
-        "busy_share": sum(r["share_of_step"] for r in rows),
+        "kernel_ms_per_step": kernel_us / 1e3,
+        "profiled_step_ms": profiled_s * 1e3,
         "kinds": rows,
     }
     sort = "cuda_time_total" if gpu else "self_cpu_time_total"
     print(averages.table(sort_by=sort, row_limit=25, max_name_column_width=80))
     print(
-        f"step {result['step_ms']:.1f} ms, {result['tokens_per_s']:,.0f} tok/s, "
-        f"MFU {100 * result['mfu_vs_peak']:.1f} % of 989 TFLOP/s, "
-        f"device busy {100 * result['busy_share']:.0f} % of the step"
+        f"step {result['step_ms']:.1f} ms (unprofiled), {result['tokens_per_s']:,.0f} tok/s, "
+        f"MFU {100 * result['mfu_vs_peak']:.1f} % of 989 TFLOP/s; kernels "
+        f"{result['kernel_ms_per_step']:.1f} ms per step (profiled step "
+        f"{result['profiled_step_ms']:.1f} ms); layers compiled: {result['compiled_layers']}, "
+        f"graph breaks: {result['graph_breaks']}"
     )
-    print("| kind | ms per step | share of step |\n| --- | --- | --- |")
+    print("| kind | ms per step | share of kernel time |\n| --- | --- | --- |")
     for r in rows:
-        print(f"| {r['kind']} | {r['ms_per_step']:.1f} | {100 * r['share_of_step']:.1f} % |")
+        print(f"| {r['kind']} | {r['ms_per_step']:.1f} | {100 * r['share']:.1f} % |")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return 0

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and the GPU benchmarks in one go, on a machine with CUDA and PyTorch.
-#   scripts/gpu-suite.sh [tests|bench|all]     (default: all)
+#   scripts/gpu-suite.sh [tests|bench|profile|all]     (default: all)
+# profile: where a drafter step spends its GPU time, with its layers compiled and eager.
 # Results go to $OUT (or ./gpu-results): pytest log, one JSON per benchmark.
 # Wheels in .whl/ (peers for the benchmarks, or packages the machine lacks) are installed into a
 # private folder first, so a machine without network can run it.
@@ -25,6 +26,13 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   for name in bench_attention bench_loss bench_eval bench_pipeline; do  # bench_cli is CPU-only
     b=bench/$name.py
     $PY "$b" --out "$out/$name.json" 2>&1 | tee "$out/$name.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+fi
+if [ "$what" = profile ] || [ "$what" = all ]; then
+  for mode in on off; do
+    $PY bench/profile_drafter.py --compile $mode --out "$out/profile-compile-$mode.json" 2>&1 \
+      | tee "$out/profile-compile-$mode.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi

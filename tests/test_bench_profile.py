@@ -35,8 +35,8 @@ def test_kernel_kinds(name: str, kind: str) -> None:
 def test_summary_shares_add_up_per_kind() -> None:
     rows = summarize([("nvjet_a", 600.0), ("nvjet_b", 200.0), ("_grad_kernel", 100.0)], 1000.0)
     assert rows == [
-        {"kind": "matmul", "ms_per_step": 0.8, "share_of_step": 0.8},
-        {"kind": "loss kernels", "ms_per_step": 0.1, "share_of_step": 0.1},
+        {"kind": "matmul", "ms_per_step": 0.8, "share": 0.8},
+        {"kind": "loss kernels", "ms_per_step": 0.1, "share": 0.1},
     ]
 
 
@@ -45,6 +45,8 @@ def test_smoke_run_writes_its_summary(tmp_path, capsys) -> None:
     assert main(["--smoke", "--steps", "1", "--warmup", "1", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["device"] == "cpu" and result["step_ms"] > 0
+    assert result["compiled_layers"] is False and result["model_flops_per_step"] > 0
     kinds = {r["kind"] for r in result["kinds"]}
     assert {"matmul", "attention forward", "optimizer"} <= kinds
-    assert "| kind | ms per step | share of step |" in capsys.readouterr().out
+    assert sum(r["share"] for r in result["kinds"]) == pytest.approx(1.0)
+    assert "| kind | ms per step | share of kernel time |" in capsys.readouterr().out
