@@ -56,11 +56,17 @@ def test_loss_on_a_gpu_that_is_not_the_current_device(kernels) -> None:
         assert abs(float(got) - float(want)) <= 5e-3 * max(1e-2, abs(float(want)))
     err = (h.grad.double().cpu() - h64.grad).norm() / h64.grad.norm()
     assert float(err) < 3e-2
-    logits = h64.detach() @ weight.double().cpu().t()  # (n, b, v)
+    logits = h64.detach() @ weight.double().cpu().t()  # (n, b, v), exact
     supervised = labels.cpu() != IGNORE_INDEX
     hits = (logits.argmax(-1) == labels.cpu()) & supervised
     want_acc = hits.sum(0).double() / supervised.sum(0).clamp(min=1)
     got_acc = out.slot_accuracy.cpu().double()
+    # The loss takes the argmax of logits rounded to bf16: it may differ from the exact one only
+    # in rows whose top two logits are closer than the rounding (2 bf16 steps at the maximum).
+    top = logits.topk(2, dim=-1).values
+    step = 2.0 ** (torch.floor(torch.log2(top[..., 0].abs().clamp_min(1e-30))) - 7)
+    near_tie = ((top[..., 0] - top[..., 1]) < 2 * step) & supervised
+    slack = near_tie.sum(0).double() / supervised.sum(0).clamp(min=1)
     seen = supervised.any(0)
     seen[0] = False  # slot 0 (the anchor's own token) is never predicted
-    assert torch.allclose(got_acc[seen], want_acc[seen], atol=2 / hidden.shape[0])
+    assert ((got_acc - want_acc).abs() <= slack + 1e-9)[seen].all(), (got_acc, want_acc, slack)
