@@ -55,3 +55,28 @@ def test_plan_measures_a_tiny_config(tmp_path, capsys) -> None:
     assert r["rates"]["r_target"] > 0 and r["rates"]["r_drafter"] > 0
     assert [(s["targets"], s["drafters"]) for s in r["splits"]] == [(1, 3), (2, 2), (3, 1)]
     assert r["best"]["tokens_per_s"] == max(s["tokens_per_s"] for s in r["splits"])
+
+
+def test_every_shape_of_the_timed_batches_is_warmed_up_first() -> None:
+    """A timed batch of a shape the warm-up has not met would time its compile; such shapes
+    get one untimed step first, each once."""
+    import torch
+
+    from trainer.data import Batch
+    from trainer.plan import warmup_batches
+
+    def batch(length: int, anchors: int) -> Batch:
+        return Batch(
+            input_ids=torch.zeros(2, length, dtype=torch.long),
+            lengths=torch.full((2,), length),
+            anchors=torch.zeros(2, anchors, dtype=torch.long),
+            valid=torch.ones(2, anchors, dtype=torch.bool),
+            labels=torch.zeros(2, anchors, 4, dtype=torch.long),
+        )
+
+    warm = [batch(128, 8)]
+    timed = [batch(128, 8), batch(256, 8), batch(256, 8), batch(128, 16), batch(384, 8)]
+    got = warmup_batches(warm, timed)
+    assert got[0] is warm[0]
+    assert [id(g) for g in got[1:]] == [id(timed[i]) for i in (1, 3, 4)]
+    assert [id(g) for g in warmup_batches([], timed[:1])] == [id(timed[0])]

@@ -9,7 +9,8 @@ configured data (sequence buckets, anchors, batch size):
   → r_drafter tokens/s on one device (the second GPU when there is one, else the same device).
 A split of G GPUs into T targets and D = G − T drafters cannot train faster than its slower side,
 so its predicted rate is min(T·r_target, D·r_drafter); the colocated rate of one GPU running both
-is 1 / (1/r_target + 1/r_drafter). The first steps (compiles, allocator warm-up) are not timed.
+is 1 / (1/r_target + 1/r_drafter). The first steps (compiles, allocator warm-up), and one step
+of every batch shape the timed steps meet, are not timed.
 """
 
 from __future__ import annotations
@@ -20,11 +21,16 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from trainer.config import TrainConfig, load_config
 from trainer.errors import TrainerError
+
+if TYPE_CHECKING:
+    from trainer.data import Batch
+    from trainer.pipeline import Features
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +78,29 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def batch_shape(batch: Batch) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """What decides the compiled kernels a batch runs: its padded ids and its anchors."""
+    return tuple(batch.input_ids.shape), tuple(batch.anchors.shape)
+
+
+def warmup_batches(warmup: list[Batch], timed: list[Batch]) -> list[Batch]:
+    """The untimed batches: `warmup`, then the first timed batch of every shape that `warmup`
+    has not met, so that no compile (a new length bucket compiles for minutes on a GPU) falls
+    inside the timed steps."""
+    seen = {batch_shape(b) for b in warmup}
+    extra = []
+    for b in timed:
+        if batch_shape(b) not in seen:
+            seen.add(batch_shape(b))
+            extra.append(b)
+    return [*warmup, *extra]
+
+
+def _on(features: Features, device: torch.device) -> Features:
+    tensors = {k: v.to(device) for k, v in features.tensors().items()}
+    return type(features)(**tensors, num_tokens=features.num_tokens)
+
+
 def measure_rates(
     config: TrainConfig,
     *,
@@ -106,30 +135,27 @@ def measure_rates(
     )
     producer = TargetWorker(target)
     batches = [stream.next_batch() for _ in range(warmup + steps)]
-    tokens = sum(b.num_tokens for b in batches[warmup:]) / steps
+    timed = batches[warmup:]
+    untimed = warmup_batches(batches[:warmup], timed)
+    tokens = sum(b.num_tokens for b in timed) / steps
 
-    features = []
-    for i, b in enumerate(batches):
-        if i == warmup:
-            _sync(tdev)
-            start = time.perf_counter()
-        features.append(producer.produce(b))
+    for b in untimed:
+        producer.produce(b)
+    _sync(tdev)
+    start = time.perf_counter()
+    features = [producer.produce(b) for b in timed]
     _sync(tdev)
     t_target = (time.perf_counter() - start) / steps
 
     torch.manual_seed(config.run.seed)
     worker = DrafterWorker.for_target(target, config, drafter_device)
-    moved = [
-        type(f)(
-            **{k: v.to(drafter_device) for k, v in f.tensors().items()}, num_tokens=f.num_tokens
-        )
-        for f in features
-    ]
+    for i, b in enumerate(untimed):
+        worker.train_step(_on(producer.produce(b), drafter_device), i)
+    moved = [_on(f, drafter_device) for f in features]
     del features
-    for i, f in enumerate(moved):
-        if i == warmup:
-            _sync(drafter_device)
-            start = time.perf_counter()
+    _sync(drafter_device)
+    start = time.perf_counter()
+    for i, f in enumerate(moved, start=len(untimed)):
         worker.train_step(f, i)
     _sync(drafter_device)
     t_drafter = (time.perf_counter() - start) / steps
