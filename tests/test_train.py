@@ -119,3 +119,23 @@ def test_entry_point_refuses_mismatch_and_bad_settings(tmp_path, assets) -> None
     assert "model.block_size" in proc.stderr and "--force-resume" in proc.stderr
     proc = run_cli("--config", str(cfg), "--out", str(out), "--set", "optim.lr=unknown")
     assert proc.returncode == 2 and "optim.lr" in proc.stderr
+
+
+@pytest.mark.slow
+def test_compiled_layers_train_like_eager_on_the_cpu(tmp_path, assets) -> None:
+    """`run.compile = true` (inductor, on the CPU here) says so in the log and trains to the
+    same losses as the eager layers, step for step, within float32 reassociation."""
+    import torch
+
+    torch._dynamo.reset()
+    lines: list[str] = []
+    steps = {"steps": 6}
+    eager = Trainer(tiny_config(assets, run=steps), tmp_path / "e", emit=lambda _: None).run()
+    compiled_trainer = Trainer(
+        tiny_config(assets, run={**steps, "compile": True}), tmp_path / "c", emit=lines.append
+    )
+    compiled = compiled_trainer.run()
+    assert any("drafter layers compiled" in line for line in lines)
+    for a, b in zip(eager, compiled, strict=True):
+        assert abs(a.loss - b.loss) <= 1e-4 * abs(a.loss), (a.loss, b.loss)
+    torch._dynamo.reset()

@@ -25,6 +25,11 @@ from trainer.loss import dflash_loss
 from trainer.model import Drafter, shape_from_target
 from trainer.target import Target
 
+COMPILE_NOTE = (
+    "drafter layers compiled (run.compile): the first step of each new batch shape compiles "
+    "them, minutes on a GPU; compiled kernels are cached on disk for the next run"
+)
+
 
 @dataclass
 class Features:

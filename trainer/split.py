@@ -43,7 +43,7 @@ from trainer.distributed import DRAFTER, TARGET, PeerFailed, Roles, Session, Ter
 from trainer.exchange import DrafterEndpoint, TargetEndpoint, share_frozen
 from trainer.metrics import RankStats, RoleMetrics
 from trainer.model import Drafter, shape_from_target
-from trainer.pipeline import DrafterWorker, TargetWorker
+from trainer.pipeline import COMPILE_NOTE, DrafterWorker, TargetWorker
 from trainer.target import Target, load_target
 from trainer.trainer import resolve_demo
 
@@ -270,6 +270,8 @@ def _run_drafter(
         seed=config.run.seed,
         compile_layers=config.run.compiles_on(device),
     )
+    if lead and config.run.compiles_on(device):
+        emit(COMPILE_NOTE)
     if state:
         worker.load_state_dict(state["worker"])
         torch.set_rng_state(state["rng"]["cpu"].cpu())

@@ -22,7 +22,7 @@ from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig, with_overrides
 from trainer.data import BatchStream, DataPosition, load_samples
 from trainer.evaluate import EvalReport, TauProbe, split_holdout
-from trainer.pipeline import DrafterWorker, StepResult, TargetWorker
+from trainer.pipeline import COMPILE_NOTE, DrafterWorker, StepResult, TargetWorker
 from trainer.target import load_target
 
 log = logging.getLogger("trainer")
@@ -77,6 +77,8 @@ class Trainer:
         )
         self.target_worker = TargetWorker(target)
         self.drafter_worker = DrafterWorker.for_target(target, cfg, self.device)
+        if cfg.run.compiles_on(self.device):
+            self.emit(COMPILE_NOTE)
         samples = load_samples(cfg.data.path, max_len=cfg.data.max_len)
         samples, held_out = split_holdout(samples, cfg.data.holdout)
         self.probe = TauProbe.from_config(cfg, target, held_out)
