@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +123,10 @@ def test_entry_point_refuses_mismatch_and_bad_settings(tmp_path, assets) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    not (shutil.which("g++") or shutil.which("c++")),
+    reason="inductor on the CPU needs a C++ compiler",
+)
 def test_compiled_layers_train_like_eager_on_the_cpu(tmp_path, assets) -> None:
     """`run.compile = true` (inductor, on the CPU here) says so in the log and trains to the
     same losses as the eager layers, step for step, within float32 reassociation."""
