@@ -211,8 +211,9 @@ class Drafter(nn.Module):
 
         Eager, every RMSNorm, RoPE, SwiGLU and residual add is its own pass over fp32 or bf16
         activations, forward and backward; compiled, they fuse into the kernels around the
-        matmuls, and the FlexAttention call is traced into the same graph. The layers share one
-        compiled graph (modules are inlined, their parameters are inputs). `options` go to
+        matmuls, and the FlexAttention call is traced into the same graph. Layers 1… share one
+        compiled graph (modules are inlined, their parameters are inputs); layer 0, whose input
+        (the frozen embeddings) needs no gradient, compiles its own. `options` go to
         `torch.compile` (the CPU tests pick a backend that needs no C++ compiler). Past dynamo's
         recompile limit a layer raises `CompileCacheFull`, as the attention kernels do.
         """
