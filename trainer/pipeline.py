@@ -22,7 +22,7 @@ from torch import Tensor
 from trainer.config import LossConfig, OptimConfig, TrainConfig
 from trainer.data import Batch, uniform_noise
 from trainer.loss import dflash_loss
-from trainer.model import Drafter, shape_from_target
+from trainer.model import Drafter, DrafterShape, shape_from_target
 from trainer.target import Target
 
 COMPILE_NOTE = (
@@ -120,6 +120,7 @@ class DrafterWorker:
     ) -> None:
         if compile_layers:
             drafter.compile_layers()
+        self.compiled = compile_layers
         self.drafter = drafter
         self.module: torch.nn.Module = (
             drafter  # what the forward calls: the drafter or its DDP wrapper
@@ -156,10 +157,30 @@ class DrafterWorker:
         lm_head (copied to `device` when the target lives elsewhere), trained per `config`.
         Seed the global generator first: it initialises the drafter's weights."""
         shape = shape_from_target(target.config, config.model, num_features=len(target.layers))
+        return cls.for_config(
+            shape,
+            config,
+            device,
+            embed_weight=target.embed_weight,
+            lm_head_weight=target.lm_head_weight,
+        )
+
+    @classmethod
+    def for_config(
+        cls,
+        shape: DrafterShape,
+        config: TrainConfig,
+        device: torch.device,
+        *,
+        embed_weight: Tensor,
+        lm_head_weight: Tensor,
+    ) -> DrafterWorker:
+        """A new drafter of `shape` on `device` with the frozen embedding and lm_head (moved to
+        `device`), its optimizer, schedule, noise and compile taken from `config`."""
         return cls(
             Drafter(shape).to(device),
-            embed_weight=target.embed_weight.to(device),
-            lm_head_weight=target.lm_head_weight.to(device),
+            embed_weight=embed_weight.to(device),
+            lm_head_weight=lm_head_weight.to(device),
             optim=config.optim,
             loss=config.loss,
             total_steps=config.run.steps,

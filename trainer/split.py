@@ -42,7 +42,7 @@ from trainer.data import BatchStream, DataPosition, load_samples
 from trainer.distributed import DRAFTER, TARGET, PeerFailed, Roles, Session, TerminationWatch
 from trainer.exchange import DrafterEndpoint, TargetEndpoint, share_frozen
 from trainer.metrics import RankStats, RoleMetrics
-from trainer.model import Drafter, shape_from_target
+from trainer.model import shape_from_target
 from trainer.pipeline import COMPILE_NOTE, DrafterWorker, TargetWorker
 from trainer.target import Target, load_target
 from trainer.trainer import resolve_demo
@@ -258,19 +258,11 @@ def _run_drafter(
     frozen = share_frozen(session, None, device=device)
     torch.manual_seed(config.run.seed)
     shape = shape_from_target(target_config, config.model, num_features=len(meta["layers"]))
-    drafter = Drafter(shape).to(device)
-    worker = DrafterWorker(
-        drafter,
-        embed_weight=frozen["embed"],
-        lm_head_weight=frozen["lm_head"],
-        optim=config.optim,
-        loss=config.loss,
-        total_steps=config.run.steps,
-        noise=config.data.noise,
-        seed=config.run.seed,
-        compile_layers=config.run.compiles_on(device),
+    worker = DrafterWorker.for_config(
+        shape, config, device, embed_weight=frozen["embed"], lm_head_weight=frozen["lm_head"]
     )
-    if lead and config.run.compiles_on(device):
+    drafter = worker.drafter
+    if lead and worker.compiled:
         emit(COMPILE_NOTE)
     if state:
         worker.load_state_dict(state["worker"])

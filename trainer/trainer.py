@@ -77,7 +77,7 @@ class Trainer:
         )
         self.target_worker = TargetWorker(target)
         self.drafter_worker = DrafterWorker.for_target(target, cfg, self.device)
-        if cfg.run.compiles_on(self.device):
+        if self.drafter_worker.compiled:
             self.emit(COMPILE_NOTE)
         samples = load_samples(cfg.data.path, max_len=cfg.data.max_len)
         samples, held_out = split_holdout(samples, cfg.data.holdout)
