@@ -225,14 +225,20 @@ def drafter_model_flops(spec: dict, batch) -> float:
     return fc + layers * (per_layer + attn) - first_layer_frozen_inputs + head
 
 
-def mean_model_flops(spec: dict, data: Path, *, skip: int, count: int) -> float:
-    """Mean `drafter_model_flops` over batches skip…skip+count−1 of the benchmark's stream (the
-    batches the timed steps train on)."""
+def stream_batches(spec: dict, data: Path, count: int) -> list:
+    """The first `count` batches of the benchmark's stream (seed 0): the ones every role trains
+    on, in order."""
     from trainer.data import BatchStream, load_samples
 
     cfg = train_config(spec, data, device="cpu", steps=1)
     stream = BatchStream(load_samples(data), cfg.data, block_size=spec["block_size"], seed=0)
-    batches = [stream.next_batch() for _ in range(skip + count)][skip:]
+    return [stream.next_batch() for _ in range(count)]
+
+
+def mean_model_flops(spec: dict, data: Path, *, skip: int, count: int) -> float:
+    """Mean `drafter_model_flops` over batches skip…skip+count−1 of the benchmark's stream (the
+    batches the timed steps train on)."""
+    batches = stream_batches(spec, data, skip + count)[skip:]
     return sum(drafter_model_flops(spec, batch) for batch in batches) / count
 
 
@@ -241,14 +247,8 @@ def mask_density(spec: dict, data: Path, device: torch.device) -> float:
     if device.type != "cuda":
         return 1.0
     from trainer.attention import build_draft_mask
-    from trainer.data import BatchStream, load_samples
 
-    cfg = train_config(spec, data, device="cuda", steps=1)
-    batch = (
-        BatchStream(load_samples(data), cfg.data, block_size=spec["block_size"], seed=0)
-        .next_batch()
-        .to(device)
-    )
+    batch = stream_batches(spec, data, 1)[0].to(device)
     mask = build_draft_mask(batch.anchors, batch.valid, spec["seq_len"], spec["block_size"])
     return 1.0 - float(mask.block_mask.sparsity()) / 100.0
 

@@ -35,6 +35,7 @@ from bench.bench_pipeline import (
     PEAK_BF16,
     SMOKE,
     drafter_model_flops,
+    stream_batches,
     target_config,
     train_config,
     write_data,
@@ -113,7 +114,6 @@ def main(argv: list[str] | None = None) -> int:
     from torch._dynamo.utils import counters
 
     from trainer.config import with_overrides
-    from trainer.data import BatchStream, load_samples
     from trainer.pipeline import DrafterWorker, TargetWorker
     from trainer.target import load_target
 
@@ -126,10 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         target = load_target(
             target_config(spec), device=device, num_layers=spec["features"], seed=0
         )
-        stream = BatchStream(load_samples(data), cfg.data, block_size=cfg.model.block_size, seed=0)
         producer = TargetWorker(target)
         n = args.warmup + 2 * args.steps
-        batches = [stream.next_batch().to(device) for _ in range(n)]
+        batches = [b.to(device) for b in stream_batches(spec, data, n)]
         features = [producer.produce(batch) for batch in batches]
     timed = range(args.warmup, args.warmup + args.steps)
     flops = sum(drafter_model_flops(spec, batches[i]) for i in timed) / args.steps
@@ -153,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "device": torch.cuda.get_device_name(0) if gpu else "cpu",
         "torch": torch.__version__,
-        "compiled_layers": cfg.run.compiles_on(device),
+        "compiled_layers": worker.compiled,
         "graph_breaks": dict(counters["graph_break"]),
         "model_flops_per_step": flops,
         "step_ms": step_s * 1e3,
