@@ -64,7 +64,8 @@ class Where:
 
 def dflash(project: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO)
+    # the repo first; what the caller's PYTHONPATH holds (packages installed there) stays
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     env.pop("DFLASH_CONFIG", None)
     return subprocess.run(
         [sys.executable, "-m", "dflash_ops", *args],
