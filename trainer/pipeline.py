@@ -44,6 +44,11 @@ class Features:
     def tensors(self) -> dict[str, Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "num_tokens"}
 
+    def to(self, device: torch.device | str) -> Features:
+        return Features(
+            **{k: v.to(device) for k, v in self.tensors().items()}, num_tokens=self.num_tokens
+        )
+
 
 class TargetWorker:
     """Runs the frozen target over batches."""

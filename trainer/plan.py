@@ -30,7 +30,6 @@ from trainer.errors import TrainerError
 
 if TYPE_CHECKING:
     from trainer.data import Batch
-    from trainer.pipeline import Features
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,15 +89,10 @@ def warmup_batches(warmup: list[Batch], timed: list[Batch]) -> list[Batch]:
     seen = {batch_shape(b) for b in warmup}
     extra = []
     for b in timed:
-        if batch_shape(b) not in seen:
-            seen.add(batch_shape(b))
+        if (shape := batch_shape(b)) not in seen:
+            seen.add(shape)
             extra.append(b)
     return [*warmup, *extra]
-
-
-def _on(features: Features, device: torch.device) -> Features:
-    tensors = {k: v.to(device) for k, v in features.tensors().items()}
-    return type(features)(**tensors, num_tokens=features.num_tokens)
 
 
 def measure_rates(
@@ -139,8 +133,7 @@ def measure_rates(
     untimed = warmup_batches(batches[:warmup], timed)
     tokens = sum(b.num_tokens for b in timed) / steps
 
-    for b in untimed:
-        producer.produce(b)
+    warm = [producer.produce(b) for b in untimed]  # also the drafter's warm-up steps
     _sync(tdev)
     start = time.perf_counter()
     features = [producer.produce(b) for b in timed]
@@ -149,10 +142,10 @@ def measure_rates(
 
     torch.manual_seed(config.run.seed)
     worker = DrafterWorker.for_target(target, config, drafter_device)
-    for i, b in enumerate(untimed):
-        worker.train_step(_on(producer.produce(b), drafter_device), i)
-    moved = [_on(f, drafter_device) for f in features]
-    del features
+    for i, f in enumerate(warm):
+        worker.train_step(f.to(drafter_device), i)
+    moved = [f.to(drafter_device) for f in features]
+    del warm, features
     _sync(drafter_device)
     start = time.perf_counter()
     for i, f in enumerate(moved, start=len(untimed)):
