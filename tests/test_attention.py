@@ -11,10 +11,18 @@ from trainer.attention import (
     FlexKernels,
     bucket_length,
     build_draft_mask,
+    compile_errors_as_typed,
     draft_attention,
     flex_kernels,
+    kernel_options,
 )
-from trainer.errors import AttentionBackendUnavailable, CompileCacheFull, DenseAttentionTooLarge
+from trainer.config import RunConfig, TrainConfigError
+from trainer.errors import (
+    AttentionBackendUnavailable,
+    AttentionKernelsTooLarge,
+    CompileCacheFull,
+    DenseAttentionTooLarge,
+)
 from trainer.masks import dense_mask
 
 
@@ -178,3 +186,28 @@ def test_a_full_compile_cache_fails_loudly_instead_of_running_eager():
 def test_bucket_length_rounds_up_to_the_tile():
     assert [bucket_length(x) for x in (0, 1, 128, 129, 300)] == [0, 128, 128, 256, 384]
     assert bucket_length(10, multiple=16) == 16
+
+
+def test_kernel_options_refuse_an_unknown_preset_and_are_none_on_the_cpu():
+    with pytest.raises(ValueError, match="auto"):
+        kernel_options(torch.device("cpu"), "tiny")
+    assert kernel_options(torch.device("cpu"), "small") is None
+    with pytest.raises(TrainConfigError, match="run.attention_kernels"):
+        RunConfig(attention_kernels="huge")
+
+
+def test_out_of_resource_compile_errors_name_the_setting_that_fixes_them():
+    """Triton's message, however deep inductor wraps it, becomes one typed error with the fix."""
+    triton_line = (
+        "out of resource: shared memory, Required: 166400, Hardware limit: 101376. "
+        "Reducing block sizes or `num_stages` may help."
+    )
+    with pytest.raises(AttentionKernelsTooLarge) as caught, compile_errors_as_typed("A layer"):
+        try:
+            raise RuntimeError(triton_line)
+        except RuntimeError as inner:
+            raise RuntimeError("backend compiler failed") from inner
+    assert "Hardware limit: 101376" in str(caught.value)
+    assert 'run.attention_kernels = "small"' in caught.value.hint
+    with pytest.raises(KeyError), compile_errors_as_typed("A layer"):  # others pass untouched
+        raise KeyError("unrelated")

@@ -19,6 +19,13 @@ Backends:
   so it is refused beyond the dense budget with the GiB it would need.
 - ``"auto"``: flex on CUDA, sdpa elsewhere.
 
+Kernel options (flex only; `kernel_options`): the tile sizes, warps and pipeline stages of the
+forward and backward kernels, picked per device from its shared memory per block. Inductor's
+defaults for head dim 128 need 166,400 B (measured on an H200, `bench/tune_attention.py`), more
+than workstation and consumer GPUs have (~100 KiB); the ``"small"`` preset fits 80 KiB and runs
+about 1.2× slower on an H200. A kernel that still does not fit raises `AttentionKernelsTooLarge`
+naming the setting that fixes it.
+
 Rows of an invalid block see no key. Both paths return zeros for them (flex does so natively;
 the sdpa path lets them see key 0 and multiplies their output by 0), with zero gradients, so
 no NaN reaches the loss, which ignores those rows anyway.
@@ -37,7 +44,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-from trainer.errors import AttentionBackendUnavailable, CompileCacheFull, DenseAttentionTooLarge
+from trainer.errors import (
+    AttentionBackendUnavailable,
+    AttentionKernelsTooLarge,
+    CompileCacheFull,
+    DenseAttentionTooLarge,
+)
 from trainer.masks import batched_dense_mask, draft_mask_mod
 
 BACKENDS = ("auto", "flex", "sdpa")
@@ -46,6 +58,25 @@ DEFAULT_DENSE_BUDGET_GIB = 4.0
 # sliding-window layers, training and the single-anchor τ probe) × length regimes, with room.
 RECOMPILE_LIMIT = 64
 _GIB = float(1 << 30)
+
+KERNEL_PRESETS = ("auto", "large", "small")
+# Shared memory per block the default (large) flex kernels use at head dim 128, bf16 (H200).
+LARGE_KERNELS_SHARED_BYTES = 166_400
+# Tiles that fit 80 KiB of shared memory (81,920 B measured), forward and backward.
+SMALL_KERNEL_OPTIONS: dict[str, Any] = {
+    "fwd_BLOCK_M": 64,
+    "fwd_BLOCK_N": 64,
+    "fwd_num_stages": 2,
+    "fwd_num_warps": 4,
+    "bwd_BLOCK_M1": 32,
+    "bwd_BLOCK_N1": 64,
+    "bwd_BLOCK_M2": 64,
+    "bwd_BLOCK_N2": 32,
+    "bwd_num_stages": 2,
+    "bwd_num_warps": 4,
+}
+# Hopper: the forward kernel loads K/V tiles with the tensor memory accelerator (~8 % faster).
+HOPPER_KERNEL_OPTIONS: dict[str, Any] = {"fwd_USE_TMA": True}
 
 
 @dataclass(frozen=True)
@@ -92,8 +123,13 @@ def fail_instead_of_eager_fallback() -> None:
 
 
 @contextmanager
-def recompile_limit_as_error(what: str) -> Iterator[None]:
-    """Raise `CompileCacheFull` naming `what` where dynamo reports a full compile cache."""
+def compile_errors_as_typed(what: str) -> Iterator[None]:
+    """Turn the compile failures a user can fix into typed errors naming `what` and the fix.
+
+    A full compile cache becomes `CompileCacheFull`; a Triton kernel that needs more shared
+    memory than the GPU has ("out of resource: shared memory") becomes
+    `AttentionKernelsTooLarge`.
+    """
     try:
         yield
     except torch._dynamo.exc.FailOnRecompileLimitHit as exc:
@@ -102,10 +138,45 @@ def recompile_limit_as_error(what: str) -> Iterator[None]:
             f"{what} was compiled for more than {limit} distinct shapes in this "
             f"process ({str(exc).splitlines()[0] if str(exc) else 'recompile limit hit'})"
         ) from exc
+    except Exception as exc:
+        detail = _out_of_resource(exc)
+        if detail is None:
+            raise
+        raise AttentionKernelsTooLarge(f"{what} does not fit this GPU: {detail}") from exc
+
+
+def _out_of_resource(exc: BaseException) -> str | None:
+    """Triton's "out of resource" line anywhere in the exception's chain, else None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for line in str(current).splitlines():
+            if "out of resource" in line.lower():
+                return line.strip()
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def kernel_options(device: torch.device, preset: str = "auto") -> dict[str, Any] | None:
+    """The flex kernel options for `device`: ``"large"`` (inductor's defaults, plus TMA loads
+    on Hopper), ``"small"`` (fits ~100 KiB GPUs), or ``"auto"``: large where the device has the
+    shared memory the large tiles need, small elsewhere. None on the CPU (no flex backward)."""
+    if preset not in KERNEL_PRESETS:
+        raise ValueError(f"attention kernels must be one of {KERNEL_PRESETS}, got {preset!r}")
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    if preset == "auto":
+        shared = getattr(props, "shared_memory_per_block_optin", 0)
+        preset = "large" if shared >= LARGE_KERNELS_SHARED_BYTES else "small"
+    if preset == "small":
+        return dict(SMALL_KERNEL_OPTIONS)
+    return dict(HOPPER_KERNEL_OPTIONS) if (props.major, props.minor) == (9, 0) else None
 
 
 def _compiled_call(kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    with recompile_limit_as_error("A FlexAttention kernel"):
+    with compile_errors_as_typed("A FlexAttention kernel"):
         return kernel(*args, **kwargs)
 
 
@@ -113,8 +184,9 @@ def _compiled_call(kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
 class DraftMask:
     """One batch's attention mask, built once and shared by all layers.
 
-    `block_mask` is set for the flex backend, `dense` (Bsz, 1, Q, K) bool and `row_seen`
-    (Bsz, 1, Q, 1) (0 for rows that see no key) for the sdpa backend.
+    `block_mask` and `options` (the kernel options, see `kernel_options`) are set for the flex
+    backend, `dense` (Bsz, 1, Q, K) bool and `row_seen` (Bsz, 1, Q, 1) (0 for rows that see no
+    key) for the sdpa backend.
     """
 
     backend: str
@@ -123,6 +195,7 @@ class DraftMask:
     kv_len: int
     block_mask: BlockMask | None = None
     kernels: FlexKernels | None = None
+    options: dict[str, Any] | None = None
     dense: Tensor | None = None
     row_seen: Tensor | None = None
 
@@ -177,12 +250,13 @@ def build_draft_mask(
     num_heads: int = 1,
     dense_budget_gib: float = DEFAULT_DENSE_BUDGET_GIB,
     kernels: FlexKernels | None = None,
+    kernel_preset: str = "auto",
 ) -> DraftMask:
     """The batch's mask: `anchors` (Bsz, N) long sorted per row, `valid` (Bsz, N) bool.
 
     `context_len` is S, already padded to its bucket. `num_heads` only sizes the dense-memory
-    estimate. Raises `DenseAttentionTooLarge` when the chosen path would materialise more than
-    `dense_budget_gib`.
+    estimate; `kernel_preset` picks the flex kernel options (`kernel_options`). Raises
+    `DenseAttentionTooLarge` when the chosen path would materialise more than `dense_budget_gib`.
     """
     if anchors.dim() != 2:
         raise ValueError(f"anchors must be (Bsz, N), got {tuple(anchors.shape)}")
@@ -239,6 +313,7 @@ def build_draft_mask(
         kv_len=kv_len,
         block_mask=block_mask,
         kernels=kernels,
+        options=kernel_options(anchors.device, kernel_preset),
     )
 
 
@@ -281,6 +356,8 @@ def draft_attention(
             "FlexAttention has no backward on the CPU; this call would need one."
         )
     kwargs: dict[str, Any] = {"block_mask": mask.block_mask, "scale": scale, "enable_gqa": gqa}
+    if mask.options:
+        kwargs["kernel_options"] = mask.options
     return _compiled_call(mask.kernels.attention, q, k, v, **kwargs)
 
 

@@ -162,6 +162,8 @@ class RunConfig:
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:N"
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
     compile: bool | None = None  # compile the drafter's layers; None: on CUDA only
+    # FlexAttention tile sizes: "auto" (by the GPU's shared memory), "large", "small" (~100 KiB GPUs)
+    attention_kernels: str = "auto"
 
     def compiles_on(self, device: Any) -> bool:
         """Whether the drafter's layers are compiled on `device` (a torch.device)."""
@@ -175,6 +177,11 @@ class RunConfig:
         _positive("run.keep_last", self.keep_last)
         if self.threads < 0:
             raise TrainConfigError("run.threads", "must be ≥ 0")
+        if self.attention_kernels not in ("auto", "large", "small"):
+            raise TrainConfigError(
+                "run.attention_kernels",
+                f"'{self.attention_kernels}' is not auto, large or small",
+            )
         if self.device != "auto" and not (
             self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")
         ):

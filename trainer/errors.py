@@ -64,3 +64,17 @@ class CompileCacheFull(TrainerError):
         "Use fewer distinct shapes per process: a larger data.bucket (fewer context lengths), "
         "one batch size and anchor count, or raise torch._dynamo.config.recompile_limit."
     )
+
+
+class AttentionKernelsTooLarge(TrainerError):
+    """The attention kernels' tiles need more shared memory per block than this GPU has.
+
+    FlexAttention's default tile sizes for head dim 128 are sized for data-centre GPUs
+    (~160-227 KiB of shared memory per block); workstation and consumer GPUs have ~100 KiB, and
+    Triton then fails with "out of resource: shared memory" while compiling.
+    """
+
+    hint = (
+        'Set run.attention_kernels = "small" in [train] (deploy.toml) or train.toml: tiles that '
+        "fit 80 KiB of shared memory, about 1.2x slower than the large ones on an H200."
+    )

@@ -24,9 +24,9 @@ from torch import Tensor, nn
 from trainer.attention import (
     DraftMask,
     build_draft_mask,
+    compile_errors_as_typed,
     draft_attention,
     fail_instead_of_eager_fallback,
-    recompile_limit_as_error,
 )
 from trainer.config import ModelConfig, TrainConfigError
 
@@ -186,10 +186,17 @@ class DrafterLayer(nn.Module):
 class Drafter(nn.Module):
     """The DFlash drafter; `forward` returns hidden states (Bsz, N, B, H) after the final norm."""
 
-    def __init__(self, shape: DrafterShape, *, attention_backend: str = "auto") -> None:
+    def __init__(
+        self,
+        shape: DrafterShape,
+        *,
+        attention_backend: str = "auto",
+        attention_kernels: str = "auto",
+    ) -> None:
         super().__init__()
         self.shape = shape
         self.attention_backend = attention_backend
+        self.attention_kernels = attention_kernels  # flex kernel options (trainer.attention)
         h = shape.hidden_size
         self.fc = nn.Linear(shape.num_features * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, shape.rms_norm_eps)
@@ -250,6 +257,7 @@ class Drafter(nn.Module):
                 causal_in_block=s.sliding_causal if sliding else False,
                 backend=self.attention_backend,
                 num_heads=s.num_heads,
+                kernel_preset=self.attention_kernels,
             )
             for sliding in sorted(kinds)
         }
@@ -278,7 +286,7 @@ class Drafter(nn.Module):
         rope_q = rope_cos_sin(blk_pos, s.head_dim, s.rope_theta)
         rope_k = rope_cos_sin(torch.cat([ctx_pos, blk_pos], dim=1), s.head_dim, s.rope_theta)
         masks = self.build_masks(anchors, valid, seq)
-        with recompile_limit_as_error("A drafter layer"):
+        with compile_errors_as_typed("A drafter layer"):
             for layer in self.layers:
                 x = layer(x, ctx, rope_q, rope_k, masks[layer.sliding])
         return self.norm(x).reshape(bsz, n, s.block_size, -1)  # (Bsz, N, B, H)

@@ -183,7 +183,7 @@ class DrafterWorker:
         """A new drafter of `shape` on `device` with the frozen embedding and lm_head (moved to
         `device`), its optimizer, schedule, noise and compile taken from `config`."""
         return cls(
-            Drafter(shape).to(device),
+            Drafter(shape, attention_kernels=config.run.attention_kernels).to(device),
             embed_weight=embed_weight.to(device),
             lm_head_weight=lm_head_weight.to(device),
             optim=config.optim,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.attention import build_draft_mask, draft_attention, flex_kernels
+from trainer.attention import SMALL_KERNEL_OPTIONS, build_draft_mask, draft_attention, flex_kernels
 
 pytestmark = [
     pytest.mark.gpu,
@@ -55,13 +55,16 @@ SHAPES = {
 
 @pytest.mark.parametrize("name", list(SHAPES))
 @pytest.mark.parametrize("window,causal", [(None, False), (512, True)])
-def test_compiled_flex_matches_sdpa_forward_and_backward(name, window, causal):
+@pytest.mark.parametrize("preset", ["auto", "small"])
+def test_compiled_flex_matches_sdpa_forward_and_backward(name, window, causal, preset):
+    """Both kernel presets: the device's own and the tiles that fit ~100 KiB GPUs (forced)."""
     bsz, n, b, s, heads, kv_heads, hd = SHAPES[name]
     anchors, valid = layout(0, bsz, n, s)
     q, k, v = inputs(1, bsz, heads, kv_heads, n * b, s + n * b, hd)
     grad = torch.randn_like(q)
     opts = dict(window=window, causal_in_block=causal, num_heads=heads)
-    flex_mask = build_draft_mask(anchors, valid, s, b, backend="flex", **opts)
+    flex_mask = build_draft_mask(anchors, valid, s, b, backend="flex", kernel_preset=preset, **opts)
+    assert (flex_mask.options == SMALL_KERNEL_OPTIONS) == (preset == "small")
     sdpa_mask = build_draft_mask(anchors, valid, s, b, backend="sdpa", dense_budget_gib=64, **opts)
 
     flex_out, flex_grads = run(q, k, v, flex_mask, grad)
