@@ -94,16 +94,18 @@ def decode_batch(
     eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
     rows = torch.arange(b, device=device)  # original index of each live row
     nxt_pos = pos[:, -1] + 1  # (live,)
-    answers: list[list[int]] = [[] for _ in range(b)]
+    tokens = torch.full((b, max_new_tokens), -1, dtype=torch.long, device=device)  # (b, N)
     logits = out.logits[:, -1]
     for step in range(max_new_tokens):
         tok = pick(logits, sampling, generator)  # (live,)
-        done = torch.isin(tok, eos) | (step + 1 >= max_new_tokens)
-        for r, t in zip(rows.tolist(), tok.tolist(), strict=True):
-            answers[r].append(t)
-        if bool(done.all()):
+        tokens[rows, step] = tok  # stays on the device: one sync per step (the count below)
+        if step + 1 == max_new_tokens:
             break
-        if bool(done.any()):
+        done = torch.isin(tok, eos)
+        finished = int(done.sum())
+        if finished == len(rows):
+            break
+        if finished:
             keep = (~done).nonzero().squeeze(-1)
             cache.batch_select_indices(keep)
             rows, tok, attn, nxt_pos = rows[keep], tok[keep], attn[keep], nxt_pos[keep]
@@ -117,7 +119,17 @@ def decode_batch(
         )
         nxt_pos = nxt_pos + 1
         logits = out.logits[:, -1]
-    return answers
+    return [_answer(row, eos_ids) for row in tokens.tolist()]
+
+
+def _answer(row: list[int], eos_ids: Collection[int]) -> list[int]:
+    """A row of the token table up to its first end token (included); −1 marks unused steps."""
+    for i, t in enumerate(row):
+        if t < 0:
+            return row[:i]
+        if t in eos_ids:
+            return row[: i + 1]
+    return row
 
 
 def _cache_kwarg(model: nn.Module) -> str:
