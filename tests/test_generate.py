@@ -234,3 +234,24 @@ def repeat_line(epoch: int, samples: int) -> str:
     from trainer.data import repeat_note
 
     return repeat_note(epoch - 1, samples)
+
+
+def test_torchrun_ranks_share_the_shards_and_write_what_one_process_writes(
+    tmp_path: Path, target_dir: Path
+) -> None:
+    cfg, prompts = write_config(tmp_path, target_dir), write_prompts(tmp_path / "p.jsonl", 10)
+    flags = ["--config", str(cfg), "--prompts", str(prompts), "--max-new-tokens", "8",
+             "--shard-size", "3", "--log-every", "0"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "trainer.generate", *flags, "--out", str(tmp_path / "two")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert "[rank 1/2] 2 of 4 shards are this rank's" in two.stdout
+    assert main([*flags, "--out", str(tmp_path / "one")]) == 0
+    one, both = finished_shards(tmp_path / "one"), finished_shards(tmp_path / "two")
+    assert [p.read_bytes() for p in both.values()] == [p.read_bytes() for p in one.values()]
+    manifest = json.loads((tmp_path / "two" / MANIFEST).read_text())
+    assert manifest["complete"] and manifest["counts"]["samples"] == 10
