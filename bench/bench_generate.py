@@ -19,7 +19,12 @@ rather than asserted.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +38,7 @@ if str(ROOT) not in sys.path:
 from bench.common import environment, markdown, sync, write  # noqa: E402
 from trainer.decode import decode_batch, length_batches  # noqa: E402
 
+RATE = re.compile(r"answer tokens in [0-9:]+ \(([0-9,.]+) tok/s\)")
 SHAPES = {
     "qwen3-0.6b": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
                    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
@@ -56,6 +62,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--eos-share", type=float, default=0.3, help="answers expected to end early")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--gpus",
+        default=None,
+        help="process counts of the whole-pipeline rows, e.g. 1,8 (default: 1 and all GPUs; "
+        "0 skips them)",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
     p.add_argument("--out", default=None, help="JSON results file")
     args = p.parse_args(argv)
@@ -132,6 +144,71 @@ def run_hf(model, prompts, batches, args, eos, device) -> tuple[list[list[int]],
     return out, time.perf_counter() - start
 
 
+def process_counts(args: argparse.Namespace, device: torch.device) -> list[int]:
+    if args.gpus is not None:
+        return [int(n) for n in args.gpus.split(",") if int(n) > 0]
+    visible = torch.cuda.device_count() if device.type == "cuda" else 1
+    return sorted({1, visible})
+
+
+def pipeline_rows(  # type: ignore[no-untyped-def]
+    model, prompts, args, eos, device
+) -> list[dict[str, Any]]:
+    """The whole `trainer.generate` (prompt file → shards) under torchrun with each process
+    count: wall time from start to manifest (model loading included) and the decode rate the
+    ranks log (summed)."""
+    counts = process_counts(args, device)
+    if not counts:
+        return []
+    with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:
+        folder = Path(tmp)
+        model.generation_config.eos_token_id = eos
+        model.save_pretrained(str(folder / "target"))
+        with open(folder / "prompts.jsonl", "w") as fh:
+            fh.writelines(json.dumps({"input_ids": p}) + "\n" for p in prompts)
+        (folder / "gen.toml").write_text(
+            f'[model]\ntarget = "{folder / "target"}"\n[data]\npath = "unused"\n'
+            f"max_len = {args.max_len + args.max_new_tokens}\n"
+            f'[run]\ndevice = "{device.type}"\n'
+        )
+        return [_pipeline_row(folder, n, args) for n in counts]
+
+
+def _pipeline_row(folder: Path, processes: int, args: argparse.Namespace) -> dict[str, Any]:
+    out = folder / f"out-{processes}"
+    # one process: one shard, so its batches are the in-process runs' (same padding, same
+    # rounding); several: a few shards per rank
+    shard = (
+        args.prompts if processes == 1 else max(args.batch_size, args.prompts // (4 * processes))
+    )
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(processes), "-m", "trainer.generate",
+               "--config", str(folder / "gen.toml"), "--prompts", str(folder / "prompts.jsonl"),
+               "--out", str(out), "--batch-size", str(args.batch_size),
+               "--max-new-tokens", str(args.max_new_tokens), "--shard-size", str(shard),
+               "--log-every", "1000"]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(
+            f"trainer.generate failed with {processes} processes:\n{done.stderr[-3000:]}"
+        )
+    counts = json.loads((out / "manifest.json").read_text())["counts"]
+    rates = [float(m.replace(",", "")) for m in RATE.findall(done.stdout)]
+    return {
+        "processes": processes,
+        "answer_tokens": counts["answer_tokens"],
+        "wall_s": wall,
+        "tokens_per_s_wall": counts["answer_tokens"] / wall,
+        "tokens_per_s_decode": sum(rates) if rates else None,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
@@ -155,16 +232,33 @@ def main(argv: list[str] | None = None) -> int:
         "identical_answers": same / max(len(timed), 1),
         "eos_token": eos,
         "ended_early": sum(len(a) < args.max_new_tokens for a in answers["trainer.decode"]),
+        # what trainer.generate keeps (answers of ≥ 2 tokens), the warm-up batch included
+        "answer_tokens_kept": sum(len(a) for a in answers["trainer.decode"] if len(a) >= 2),
     }
     print(f"generation, {args.shape}, batch {args.batch_size}, {args.prompts} prompts "
           f"of {args.min_len}–{args.max_len} tokens, {args.max_new_tokens} new tokens")  # fmt: skip
     print(markdown(rows, ["engine", "answer_tokens", "seconds", "tokens_per_s"]))
     for key, value in summary.items():
         print(f"- {key}: {value}")
+    pipeline = pipeline_rows(model, prompts, args, eos, device)
+    if pipeline:
+        print(markdown(pipeline, ["processes", "answer_tokens", "wall_s", "tokens_per_s_wall",
+                                  "tokens_per_s_decode"]))  # fmt: skip
+        summary["pipeline_scaling"] = (
+            pipeline[-1]["tokens_per_s_decode"] / pipeline[0]["tokens_per_s_decode"]
+            if len(pipeline) > 1 and pipeline[0]["tokens_per_s_decode"]
+            else None
+        )
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     write(
         args.out,
-        {"settings": settings, "env": environment(device), "rows": rows, "summary": summary},
+        {
+            "settings": settings,
+            "env": environment(device),
+            "rows": rows,
+            "pipeline": pipeline,
+            "summary": summary,
+        },
     )
     return 0
 

@@ -23,3 +23,5 @@ def test_smoke_run_compares_with_plain_generate(tmp_path: Path) -> None:
     assert result["summary"]["identical_answers"] == 1.0
     assert result["summary"]["ended_early"] >= 1
     assert result["summary"]["speedup_vs_generate"] > 0
+    (row,) = result["pipeline"]  # the whole trainer.generate in one process: the same answers
+    assert row["processes"] == 1 and row["answer_tokens"] == result["summary"]["answer_tokens_kept"]

@@ -255,3 +255,20 @@ def test_torchrun_ranks_share_the_shards_and_write_what_one_process_writes(
     assert [p.read_bytes() for p in both.values()] == [p.read_bytes() for p in one.values()]
     manifest = json.loads((tmp_path / "two" / MANIFEST).read_text())
     assert manifest["complete"] and manifest["counts"]["samples"] == 10
+
+
+def test_a_target_without_tokenizer_answers_token_ids_and_refuses_chat(
+    tmp_path: Path, target_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        if (target_dir / name).is_file():
+            (bare / name).write_bytes((target_dir / name).read_bytes())
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text('{"input_ids": [5, 6, 7, 8]}\n')
+    assert run_cli(write_config(tmp_path, bare), ids, tmp_path / "a") == 0
+    assert ShardSamples(tmp_path / "a")[0].input_ids[:4] == [5, 6, 7, 8]
+    chat = write_prompts(tmp_path / "chat.jsonl", 1)
+    assert run_cli(write_config(tmp_path, bare), chat, tmp_path / "b") == 2
+    assert "has no tokenizer" in capsys.readouterr().err

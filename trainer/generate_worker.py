@@ -21,6 +21,7 @@ from trainer import prompt_file
 from trainer.config import TrainConfig
 from trainer.data import _mix
 from trainer.decode import Sampling, decode_batch, end_tokens, length_batches
+from trainer.errors import TrainerError
 from trainer.shards import Shard, finished_shards, shard_name, write_shard
 
 log = logging.getLogger("trainer.generate")
@@ -86,10 +87,8 @@ class Worker:
             torch.set_num_threads(self.config.run.threads)
         self.device = device_for(self.config, self.world)
         self.model = load_target(self.config.model.target, device=self.device).model
-        try:
-            tokenizer = self.renderer.tokenizer
-        except (OSError, ValueError):  # no tokenizer saved: token-id prompts only
-            tokenizer = None
+        # no tokenizer saved: token-id prompts only (a chat or text prompt stops the run)
+        tokenizer = self.renderer.tokenizer if self.renderer.has_tokenizer else None
         self.eos = end_tokens(self.model, tokenizer)
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         if pad is None:
@@ -123,7 +122,7 @@ class Worker:
         """Token ids of one prompt; ValueError saying why it cannot be used."""
         try:
             ids = self.renderer(*prompt_file.read(self.scan, ref))
-        except ValueError:
+        except (ValueError, TrainerError):
             raise
         except Exception as exc:  # a template that fails on this conversation
             raise ValueError(f"could not be rendered ({type(exc).__name__}: {exc})") from exc

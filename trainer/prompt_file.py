@@ -37,6 +37,15 @@ class PromptLineError(TrainerError, ValueError):
     )
 
 
+class NoTokenizer(TrainerError):
+    """Chat or text prompts need the target's tokenizer, and its folder has none."""
+
+    hint = "Save the tokenizer beside the target (tokenizer.save_pretrained), or give token ids."
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 @dataclass(frozen=True)
 class PromptRef:
     """Where a prompt is: `files[file]`, starting at byte `offset`, on line `lineno`."""
@@ -157,9 +166,21 @@ class Renderer:
         self._tokenizer: Any = None
 
     @property
+    def has_tokenizer(self) -> bool:
+        """Tokenizer files in the folder (without them `transformers` may build an empty
+        tokenizer of the model type, whose ids mean nothing)."""
+        folder = Path(self.tokenizer_dir)
+        return any((folder / name).is_file() for name in TOKENIZER_FILES)
+
+    @property
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
+
+            if not self.has_tokenizer:
+                raise NoTokenizer(
+                    f"{self.tokenizer_dir} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})"
+                )
 
             self._tokenizer = AutoTokenizer.from_pretrained(
                 self.tokenizer_dir, local_files_only=True
@@ -188,8 +209,9 @@ class Renderer:
     def describe(self) -> dict[str, Any]:
         """What the manifest records about rendering (the template decides serving alignment)."""
         template = None
-        with contextlib.suppress(OSError, ValueError):  # no tokenizer: token-id prompts only
-            template = getattr(self.tokenizer, "chat_template", None)
+        if self.has_tokenizer:
+            with contextlib.suppress(OSError, ValueError):
+                template = getattr(self.tokenizer, "chat_template", None)
         return {
             "tokenizer": self.tokenizer_dir,
             "chat_template_sha256": (
