@@ -1,7 +1,7 @@
 """Generation throughput: `trainer.decode` (what `trainer.generate` runs) against plain
 `transformers` `generate`, same target, same prompts, same batches, same run.
 
-    python bench/bench_generate.py --out generate.json                # one GPU, ~5 minutes
+    python bench/bench_generate.py --out results/                     # one GPU, a few minutes
     python bench/bench_generate.py --batch-size 64 --max-new-tokens 512 --out g64.json
     python bench/bench_generate.py --smoke --out /tmp/g.json          # tiny, on the CPU
 
@@ -14,6 +14,11 @@ Tokens/s counts answer tokens (up to and including the end token). The first bat
 is an untimed warm-up. Both sides' answers are compared token for token: on a GPU in bf16 a
 batch of different shape may round differently, so the share of identical answers is reported
 rather than asserted.
+
+Then the whole `python -m trainer.generate` (prompt JSONL → shards, the model saved and loaded)
+runs under torchrun with each `--gpus` process count (default: 1 and every visible GPU): wall
+time including start-up, and the decode rate the ranks log, summed — how generation scales with
+GPUs. `--gpus 0` skips it.
 """
 
 from __future__ import annotations
@@ -69,7 +74,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "0 skips them)",
     )
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
-    p.add_argument("--out", default=None, help="JSON results file")
+    p.add_argument(
+        "--out", default=None, help="JSON results file, or a folder (then OUT/generate.json)"
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.shape, args.prompts, args.batch_size = "smoke", 6, 3
@@ -250,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
             else None
         )
     settings = {k: v for k, v in vars(args).items() if k != "out"}
+    if args.out and (Path(args.out).is_dir() or args.out.endswith("/")):
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        args.out = str(Path(args.out) / "generate.json")
     write(
         args.out,
         {

@@ -10,8 +10,8 @@ from bench.bench_generate import main
 
 
 def test_smoke_run_compares_with_plain_generate(tmp_path: Path) -> None:
-    out = tmp_path / "generate.json"
-    assert main(["--smoke", "--out", str(out)]) == 0
+    out = tmp_path / "results" / "generate.json"
+    assert main(["--smoke", "--out", f"{tmp_path / 'results'}/"]) == 0
     result = json.loads(out.read_text())
     engines = {row["engine"]: row for row in result["rows"]}
     assert set(engines) == {"transformers generate", "trainer.decode"}
