@@ -127,8 +127,9 @@ def test_cli_writes_answers_names_bad_lines_and_drops_duplicates(
     extra = ['{"text": "plain text prompt"}', "{broken", '{"input_ids": [5, 6, 7]}', dup,
              '{"messages": [{"role": "assistant", "content": "only an answer"}]}']  # fmt: skip
     prompts = write_prompts(tmp_path / "p.jsonl", 5, extra=extra)
-    assert run_cli(cfg, prompts, tmp_path / "out", "--shard-size", "3") == 0
+    assert run_cli(cfg, prompts, tmp_path / "out", "--shard-size", "3", "--enable-thinking") == 0
     logged = capsys.readouterr().out
+    assert "the chat template has no enable_thinking switch" in logged
     assert f"skipped {prompts}:7: not JSON" in logged
     assert f"skipped {prompts}:10: messages hold no turn" in logged
     manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
@@ -272,3 +273,25 @@ def test_a_target_without_tokenizer_answers_token_ids_and_refuses_chat(
     chat = write_prompts(tmp_path / "chat.jsonl", 1)
     assert run_cli(write_config(tmp_path, bare), chat, tmp_path / "b") == 2
     assert "has no tokenizer" in capsys.readouterr().err
+
+
+def test_enable_thinking_reaches_a_template_that_has_the_switch(
+    tmp_path: Path, target_dir: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    from trainer.prompt_file import Renderer
+
+    tok = AutoTokenizer.from_pretrained(str(target_dir))
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}A:{% if enable_thinking is defined and not enable_thinking %}"
+        "<t></t>{% endif %}{% endif %}"
+    )
+    tok.save_pretrained(str(tmp_path))
+    msgs = [{"role": "user", "content": "hi"}]
+    plain = Renderer(tmp_path)("messages", msgs)
+    off = Renderer(tmp_path, enable_thinking=False)
+    assert off.template_has_thinking and tok.decode(plain) == "hiA:"
+    assert tok.decode(off("messages", msgs)) == "hiA:<t></t>"
+    assert off.describe()["enable_thinking"] is False

@@ -227,6 +227,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             hint="Each line: {'messages': [...]}, {'text': '...'} or {'input_ids': [...]}.",
         )
     renderer = prompt_file.Renderer(config.model.target, enable_thinking=settings.enable_thinking)
+    if settings.enable_thinking is not None and not renderer.template_has_thinking:
+        log.warning("the chat template has no enable_thinking switch: the flag changes nothing")
     planned = plan_manifest(config, settings, scan, renderer)
     previous = check_resume(out, planned)
     if world.rank == 0 and previous is None:

@@ -189,6 +189,8 @@ class Renderer:
 
     @property
     def template_has_thinking(self) -> bool:
+        if not self.has_tokenizer:
+            return False
         return "enable_thinking" in (getattr(self.tokenizer, "chat_template", None) or "")
 
     def __call__(self, kind: str, value: Any) -> list[int]:
