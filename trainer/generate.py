@@ -169,12 +169,19 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def resolve(config: TrainConfig, out: Path) -> TrainConfig:
-    """With the demo enabled, build (or reuse) its target next to `out`."""
+def resolve(config: TrainConfig, out: Path, *, rank: int) -> TrainConfig:
+    """With the demo enabled, build (or reuse) its target next to `out`: rank 0 builds, the
+    other ranks wait for its completion marker (never two writers)."""
     if not config.demo.enabled:
         return config
+    from trainer.demo import MARKER
     from trainer.trainer import resolve_demo
 
+    folder = (
+        Path(config.demo.folder) if config.demo.folder else out.resolve().parent / "demo-assets"
+    )
+    while rank != 0 and not (folder / MARKER).is_file():
+        time.sleep(0.5)
     return resolve_demo(config, out)
 
 
@@ -212,7 +219,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         settings = GenerateSettings(**{**vars(settings), "max_prompt_len": budget})
     out.mkdir(parents=True, exist_ok=True)
-    config = resolve(config, out)
+    config = resolve(config, out, rank=world.rank)
     started = time.perf_counter()
     scan = prompt_file.scan(args.prompts, strict=args.strict)
     if args.limit:
