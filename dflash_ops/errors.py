@@ -132,3 +132,9 @@ class EvaluationError(DflashError):
     """`dflash eval` could not start, or the evaluator at the place failed."""
 
     hint = "Check the path at the place, then run again (dflash checkpoints lists the runs)."
+
+
+class GenerationError(DflashError):
+    """`dflash generate` could not start: a path at the place is missing or unsafe."""
+
+    hint = "Pass absolute paths at the place: --prompts an existing JSONL file, --out a folder."

@@ -39,10 +39,17 @@ class LaunchPlan:
     rendezvous: str | None = None  # "host:port", when nodes > 1
     rdzv_id: str = "dflash"  # the same on every node: the job's session name
     command: str | None = None
+    tool: tuple[str, ...] = ()  # replaces `-m trainer.train …` (e.g. `-m trainer.generate …`)
 
     @classmethod
     def for_job(
-        cls, job: JobConfig, *, release_id: str, python: str, checkpoints: str
+        cls,
+        job: JobConfig,
+        *,
+        release_id: str,
+        python: str,
+        checkpoints: str,
+        tool: tuple[str, ...] = (),
     ) -> LaunchPlan:
         """The plan of `[job]` (GPUs, split, nodes, rendezvous, command) for one release."""
         return cls(
@@ -55,6 +62,7 @@ class LaunchPlan:
             rendezvous=job.rendezvous,
             rdzv_id=job.session,
             command=job.command,
+            tool=tool,
         )
 
     @property
@@ -65,7 +73,14 @@ class LaunchPlan:
 def trainer_argv(plan: LaunchPlan) -> list[str]:
     """The trainer's argv: `python -m trainer.train …`, or torchrun over `gpus` processes per
     node — standalone on one node, meeting the other nodes at the rendezvous otherwise."""
-    args = ["-m", "trainer.train", "--config", TRAIN_CONFIG, "--out", plan.checkpoints]
+    args = list(plan.tool) or [
+        "-m",
+        "trainer.train",
+        "--config",
+        TRAIN_CONFIG,
+        "--out",
+        plan.checkpoints,
+    ]
     torchrun = [plan.python, "-m", "torch.distributed.run"]
     per_node = ["--nproc-per-node", str(max(plan.gpus, 1))]
     if plan.nodes > 1:
@@ -113,7 +128,7 @@ def render(plan: LaunchPlan) -> str:
         'cd -P -- "$(dirname -- "${BASH_SOURCE[0]}")"',
         *(f"export {k}={quote(v)}" for k, v in exports.items()),
     ]
-    if plan.command is not None:
+    if plan.command is not None and not plan.tool:
         lines.append(f'exec bash -c "$(<{COMMAND_FILE})" dflash-command')
     else:
         lines.append("exec " + quote_argv(trainer_argv(plan)))

@@ -84,16 +84,19 @@ def deploy(
     force: bool = False,
     say: Say = _quiet,
     warn: Say | None = None,
+    tool: tuple[str, ...] = (),
 ) -> DeployReport:
     """Build the bundle here, then do everything at the place in ONE command
     (`deploy_script`): preflight (tmux, python), lock, unpack, switch, prune, stop, archive,
-    start, unlock. A held lock costs `DeployLock.acquire`'s commands and one more run."""
+    start, unlock. A held lock costs `DeployLock.acquire`'s commands and one more run.
+    `tool` makes the job run another trainer module than `trainer.train` (`dflash generate`)."""
     remote = remote_plan(ws, warn=warn or say)
     plan = LaunchPlan.for_job(
         ws.config.job,
         release_id=new_release_id(),
         python=ws.target.python,
         checkpoints=ws.target.checkpoints,
+        tool=tool,
     )
     bundle = build_bundle(
         ws.config.project_dir, plan=plan, train=ws.config.train, target=ws.target.describe()

@@ -23,7 +23,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   status=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  for name in bench_attention bench_loss bench_eval bench_pipeline; do  # bench_cli is CPU-only
+  for name in bench_attention bench_loss bench_eval bench_pipeline bench_generate; do  # bench_cli is CPU-only
     b=bench/$name.py
     $PY "$b" --out "$out/$name.json" 2>&1 | tee "$out/$name.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -39,11 +39,14 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def write_config(path: Path, assets: Path, **run: object) -> Path:
+def write_config(
+    path: Path, assets: Path, *, data: dict[str, object] | None = None, **run: object
+) -> Path:
     lines = ["[demo]", "enabled = true", f"folder = {json.dumps(str(assets))}"]
     lines += [f"{k} = {json.dumps(v)}" for k, v in DEMO.items()]
+    changes = {"run": run, "data": data or {}}
     for name, values in TABLES.items():
-        values = {**values, **run} if name == "run" else values
+        values = {**values, **changes.get(name, {})}
         lines.append(f"[{name}]")
         lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
     path.write_text("\n".join(lines) + "\n")
@@ -128,9 +131,17 @@ def finish(proc: subprocess.Popen[str], timeout: float) -> str:
     return out
 
 
-def run_split(tmp_path: Path, assets: Path, *, procs: int, targets: int, **run: object):
+def run_split(
+    tmp_path: Path,
+    assets: Path,
+    *,
+    procs: int,
+    targets: int,
+    data: dict | None = None,
+    **run: object,
+):
     out = tmp_path / f"run-{uuid.uuid4().hex[:8]}"
-    cfg = write_config(tmp_path / "c.toml", assets, **run)
+    cfg = write_config(tmp_path / "c.toml", assets, data=data, **run)
     proc = torchrun(cfg, out, procs=procs, targets=targets)
     log = finish(proc, 90)
     assert proc.returncode == 0, log[-4000:]
@@ -222,3 +233,14 @@ def test_killed_worker_stops_the_job_naming_it(tmp_path, assets) -> None:
     while processes_with(out.name) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_with(out.name) == [], "a worker outlived the job"
+
+
+@pytest.mark.slow
+def test_the_split_run_says_when_data_starts_repeating(tmp_path, assets) -> None:
+    from trainer.data import repeat_note
+
+    # 32 samples in batches of 16: two batches per epoch, the third starts the second epoch
+    _, log, _ = run_split(
+        tmp_path, assets, procs=2, targets=1, data={"batch_size": 16}, steps=3, checkpoint_every=0
+    )
+    assert log.count("repeated samples") == 1 and repeat_note(1, 32) in log

@@ -48,8 +48,13 @@ class Batch:
         return int(self.lengths.sum())
 
 
-def load_samples(path: str | Path, *, max_len: int | None = None) -> list[Sample]:
-    """Read tokenized JSONL; each line `{"input_ids": [...], "loss_mask": [...]}` (0/1 or bools)."""
+def load_samples(path: str | Path, *, max_len: int | None = None) -> Sequence[Sample]:
+    """Read tokenized JSONL; each line `{"input_ids": [...], "loss_mask": [...]}` (0/1 or bools).
+    A directory is a shard directory (`trainer.shards`), read memory-mapped, never loaded."""
+    if Path(path).is_dir():
+        from trainer.shards import ShardSamples
+
+        return ShardSamples(path, max_len=max_len)
     samples = []
     with open(path) as fh:
         for lineno, line in enumerate(fh, 1):
@@ -168,7 +173,13 @@ class BatchStream:
         seed: int,
         position: DataPosition = DataPosition(),
     ) -> None:
-        usable = [s for s in samples if anchor_candidates(s.loss_mask)]
+        # a memory-mapped set is streamed as it is (its samples were written usable; one
+        # without anchors would only add no blocks), never read whole here
+        usable = (
+            [s for s in samples if anchor_candidates(s.loss_mask)]
+            if isinstance(samples, list)
+            else samples
+        )
         if not usable:
             raise TrainConfigError("data.path", "no sample has two consecutive supervised tokens")
         if len(usable) < config.batch_size:
@@ -180,12 +191,21 @@ class BatchStream:
         self.block_size = block_size
         self.seed = seed
         self.position = position
+        self._orders: dict[int, torch.Tensor] = {}
 
-    def _order(self, epoch: int) -> list[int]:
-        if not self.config.shuffle:
-            return list(range(len(self.samples)))
-        gen = torch.Generator().manual_seed(_mix(self.seed, epoch))
-        return torch.randperm(len(self.samples), generator=gen).tolist()
+    def _order(self, epoch: int) -> torch.Tensor:
+        """The epoch's sample order, drawn once per epoch (not per batch: millions of samples)."""
+        if epoch not in self._orders:
+            n = len(self.samples)
+            gen = torch.Generator().manual_seed(_mix(self.seed, epoch))
+            order = torch.randperm(n, generator=gen) if self.config.shuffle else torch.arange(n)
+            self._orders = {epoch: order}
+        return self._orders[epoch]
+
+    @property
+    def epochs(self) -> float:
+        """Passes over the data so far (2.5: half-way through the third)."""
+        return self.position.epoch + self.position.index / len(self.samples)
 
     def __iter__(self) -> Iterator[Batch]:
         while True:
@@ -196,7 +216,7 @@ class BatchStream:
         bsz = self.config.batch_size
         if index + bsz > len(self.samples):  # drop the ragged tail: every batch has bsz samples
             epoch, index = epoch + 1, 0
-        order = self._order(epoch)[index : index + bsz]
+        order = self._order(epoch)[index : index + bsz].tolist()
         gens = [
             torch.Generator().manual_seed(_mix(self.seed, epoch, index + j)) for j in range(bsz)
         ]
@@ -210,6 +230,14 @@ class BatchStream:
         )
         self.position = DataPosition(epoch, index + bsz)
         return batch
+
+
+def repeat_note(epoch: int, num_samples: int) -> str:
+    """The log line when the stream starts pass `epoch` (0-based) over the data."""
+    return (
+        f"epoch {epoch + 1} begins: the drafter now sees repeated samples "
+        f"({num_samples:,} samples per epoch; more data would help more than more epochs)"
+    )
 
 
 def _mix(*parts: int) -> int:

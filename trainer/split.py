@@ -38,7 +38,7 @@ import torch
 
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
-from trainer.data import BatchStream, DataPosition, load_samples
+from trainer.data import BatchStream, DataPosition, load_samples, repeat_note
 from trainer.distributed import DRAFTER, TARGET, PeerFailed, Roles, Session, TerminationWatch
 from trainer.exchange import DrafterEndpoint, TargetEndpoint, share_frozen
 from trainer.metrics import RankStats, RoleMetrics
@@ -208,6 +208,8 @@ def _run_target(
                 index, per_epoch=per_epoch, batch_size=config.data.batch_size
             )
             features = worker.produce(stream.next_batch())
+            if index and index % per_epoch == 0:  # one target rank draws each epoch's first batch
+                emit(repeat_note(index // per_epoch, len(stream.samples)))
             store.add("produced", 1)  # counted before any drafter can see (and train) it
             endpoint.publish(seg.key, index, features)
             produced.append(index)

@@ -20,7 +20,7 @@ import torch
 
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig, with_overrides
-from trainer.data import BatchStream, DataPosition, load_samples
+from trainer.data import BatchStream, DataPosition, load_samples, repeat_note
 from trainer.evaluate import EvalReport, TauProbe, split_holdout
 from trainer.pipeline import COMPILE_NOTE, DrafterWorker, StepResult, TargetWorker
 from trainer.target import load_target
@@ -142,7 +142,10 @@ class Trainer:
         results = []
         while self.step < until:
             start = time.perf_counter()
+            epoch = self.stream.position.epoch
             features = self.target_worker.produce(self.stream.next_batch())
+            if self.stream.position.epoch > epoch:
+                self.emit(repeat_note(self.stream.position.epoch, len(self.stream.samples)))
             result = self.drafter_worker.train_step(features, self.step)
             self.step += 1
             elapsed = time.perf_counter() - start
@@ -184,6 +187,7 @@ class Trainer:
             "slot_accuracy": [None if a != a else a for a in r.slot_accuracy],
             "grad_norm": r.grad_norm,
             "tokens": r.tokens,
+            "epochs": self.stream.epochs,
         }
         if report is not None:
             row["tau"] = report.tau

@@ -12,6 +12,7 @@
     dflash checkpoints [prune --keep N]
     dflash eval --prompts PATH [--checkpoint NAME] [--max-new-tokens N] [--limit N] [--json]
     dflash plan [--gpus G] [--steps N] [--warmup N] [--json] [--force]
+    dflash generate --prompts PATH --out DIR [--max-new-tokens N] [--temperature T] …
 
 Every failure is one message, a hint and a non-zero exit (`main` catches `DflashError`).
 """
@@ -29,6 +30,7 @@ from dflash_ops.cli import (
     deploy,
     doctor,
     eval,
+    generate,
     init,
     logs,
     output,
@@ -48,7 +50,19 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-for group in (init, doctor, deploy, logs, status, control, releases, checkpoints, eval, plan):
+for group in (
+    init,
+    doctor,
+    deploy,
+    logs,
+    status,
+    control,
+    releases,
+    checkpoints,
+    eval,
+    plan,
+    generate,
+):
     app.add_typer(group.app)
 
 

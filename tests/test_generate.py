@@ -1,0 +1,297 @@
+"""Target-generated data on a tiny random target: batched KV-cached decoding equals plain greedy
+decoding token for token (rows finishing early included), the CLI writes shards whose supervised
+span is exactly the answer, names bad prompt lines (file:line), drops duplicates, refuses a
+changed resume, resumes after a kill without losing or rewriting a finished shard, and the
+trainer trains from the shards and says when it starts repeating them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.config import DemoConfig, load_config
+from trainer.decode import Sampling, decode_batch, length_batches
+from trainer.demo import ensure_demo_assets
+from trainer.generate import main
+from trainer.shards import MANIFEST, ShardSamples, finished_shards
+from trainer.target import load_target
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = DemoConfig(enabled=True, num_samples=8, num_layers=2, prompt_len=6, gen_len=8)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.set_num_threads(1)
+    target, _ = ensure_demo_assets(tmp_path_factory.mktemp("assets"), DEMO)
+    return target
+
+
+@pytest.fixture(scope="module")
+def model(target_dir: Path) -> torch.nn.Module:
+    return load_target(target_dir).model
+
+
+def reference(model: torch.nn.Module, prompt: list[int], n: int, eos: set[int]) -> list[int]:
+    """Plain greedy decoding: the whole sequence through the model at every step, no cache."""
+    seq, out = list(prompt), []
+    for _ in range(n):
+        with torch.no_grad():
+            tok = int(model(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1].argmax())
+        out.append(tok)
+        seq.append(tok)
+        if tok in eos:
+            break
+    return out
+
+
+def random_prompts(n: int, *, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 12, (n,), generator=gen).tolist()
+    return [torch.randint(0, 256, (k,), generator=gen).tolist() for k in lengths]
+
+
+def test_batched_cached_decoding_equals_plain_greedy(model: torch.nn.Module) -> None:
+    prompts = random_prompts(6, seed=0)
+    free = [reference(model, p, 12, set()) for p in prompts]
+    eos = {free[1][3], free[4][6]}  # rows 1 and 4 (at least) end early: rows leave the batch
+    want = [reference(model, p, 12, eos) for p in prompts]
+    assert sorted(map(len, want))[0] < 12 < max(map(len, free)) + 1
+    got = decode_batch(model, prompts, max_new_tokens=12, eos_ids=eos, pad_id=256)
+    assert got == want
+    hf = model.generate(
+        input_ids=torch.tensor([prompts[0]]), max_new_tokens=12, do_sample=False, pad_token_id=256
+    )
+    assert got[0] == hf[0, len(prompts[0]) :].tolist()[: len(got[0])]
+
+
+def test_sampling_is_seeded_and_a_tiny_nucleus_is_greedy(model: torch.nn.Module) -> None:
+    prompts = random_prompts(4, seed=1)
+    hot = Sampling(temperature=1.5, seed=0)
+
+    def sample(s: Sampling) -> list[list[int]]:
+        gen = torch.Generator().manual_seed(5)
+        return decode_batch(
+            model, prompts, max_new_tokens=8, eos_ids=(), pad_id=256, sampling=s, generator=gen
+        )
+
+    assert sample(hot) == sample(hot)
+    greedy = decode_batch(model, prompts, max_new_tokens=8, eos_ids=(), pad_id=256)
+    assert sample(hot) != greedy
+    assert sample(Sampling(temperature=1.0, top_p=1e-6)) == greedy
+
+
+def test_length_batches_group_similar_lengths() -> None:
+    assert length_batches([3, 9, 1, 8, 2], 2) == [[1, 3], [0, 4], [2]]
+
+
+def write_config(tmp: Path, target_dir: Path) -> Path:
+    path = tmp / "train.toml"
+    path.write_text(
+        f'[model]\ntarget = "{target_dir}"\nnum_layers = 1\nblock_size = 4\nnum_target_layers = 2\n'
+        f'[data]\npath = "unused"\nbatch_size = 4\nmax_len = 96\nnum_anchors = 4\nbucket = 16\n'
+        '[run]\nsteps = 3\ndevice = "cpu"\nthreads = 1\nlog_every = 1\n'
+    )
+    return path
+
+
+def write_prompts(path: Path, n: int, *, extra: list[str] = ()) -> Path:  # type: ignore[assignment]
+    lines = [
+        json.dumps({"messages": [{"role": "user", "content": f"q{i} " + "z" * (i % 7)}]})
+        for i in range(n)
+    ]
+    path.write_text("\n".join([*lines, *extra]) + "\n")
+    return path
+
+
+def run_cli(cfg: Path, prompts: Path, out: Path, *more: str) -> int:
+    return main(["--config", str(cfg), "--prompts", str(prompts), "--out", str(out),
+                 "--max-new-tokens", "10", "--batch-size", "3", *more])  # fmt: skip
+
+
+def test_cli_writes_answers_names_bad_lines_and_drops_duplicates(
+    tmp_path: Path, target_dir: Path, model: torch.nn.Module, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from transformers import AutoTokenizer
+
+    cfg = write_config(tmp_path, target_dir)
+    dup = json.dumps({"messages": [{"role": "user", "content": "q0 "}]})
+    extra = ['{"text": "plain text prompt"}', "{broken", '{"input_ids": [5, 6, 7]}', dup,
+             '{"messages": [{"role": "assistant", "content": "only an answer"}]}']  # fmt: skip
+    prompts = write_prompts(tmp_path / "p.jsonl", 5, extra=extra)
+    assert run_cli(cfg, prompts, tmp_path / "out", "--shard-size", "3", "--enable-thinking") == 0
+    logged = capsys.readouterr().out
+    assert "the chat template has no enable_thinking switch" in logged
+    assert f"skipped {prompts}:7: not JSON" in logged
+    assert f"skipped {prompts}:10: messages hold no turn" in logged
+    manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
+    assert manifest["complete"] and manifest["prompts"]["duplicates"] == 1
+    assert [b.split(": ")[0] for b in manifest["prompts"]["bad"]] == [
+        f"{prompts}:7",
+        f"{prompts}:10",
+    ]
+    assert manifest["counts"]["samples"] == 7 and manifest["num_shards"] == 3
+    assert manifest["sampling"]["greedy"] and manifest["template"]["add_generation_prompt"]
+    samples = ShardSamples(tmp_path / "out")
+    tok = AutoTokenizer.from_pretrained(str(target_dir))
+    eos = {tok.eos_token_id}
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "q1 z"}], tokenize=True, add_generation_prompt=True
+    )
+    chat = list(chat["input_ids"] if hasattr(chat, "keys") else chat)
+    wanted = {
+        1: chat,
+        5: list(tok("plain text prompt")["input_ids"]),
+        6: [5, 6, 7],
+    }
+    for i, prompt in wanted.items():
+        s = samples[i]
+        assert s.input_ids[: len(prompt)] == prompt
+        assert s.loss_mask == [False] * len(prompt) + [True] * (len(s.input_ids) - len(prompt))
+        assert s.input_ids[len(prompt) :] == reference(model, prompt, 10, eos)
+
+
+def test_strict_refuses_the_bad_line(
+    tmp_path: Path, target_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = write_prompts(tmp_path / "p.jsonl", 2, extra=['{"text": 3}'])
+    assert run_cli(write_config(tmp_path, target_dir), prompts, tmp_path / "out", "--strict") == 2
+    assert f"error: {prompts}:3: text must be a non-empty string" in capsys.readouterr().err
+    assert not finished_shards(tmp_path / "out")
+
+
+def test_a_resume_with_other_settings_is_refused(
+    tmp_path: Path, target_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg, prompts = write_config(tmp_path, target_dir), write_prompts(tmp_path / "p.jsonl", 2)
+    assert run_cli(cfg, prompts, tmp_path / "out") == 0
+    assert run_cli(cfg, prompts, tmp_path / "out", "--temperature", "0.7") == 2
+    assert "sampling differ" in capsys.readouterr().err
+
+
+def test_a_killed_generation_resumes_without_losing_or_rewriting_a_shard(
+    tmp_path: Path, target_dir: Path
+) -> None:
+    cfg, prompts = write_config(tmp_path, target_dir), write_prompts(tmp_path / "p.jsonl", 60)
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "trainer.generate", "--config", str(cfg), "--prompts",
+            str(prompts), "--out", str(out), "--max-new-tokens", "30", "--batch-size", "1",
+            "--shard-size", "2", "--log-every", "0"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 120
+    while not finished_shards(out) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    first = {i: (p.stat().st_ino, p.stat().st_mtime_ns) for i, p in finished_shards(out).items()}
+    assert 1 <= len(first) < 30, "the kill must land between shards"
+    assert main(argv[3:]) == 0
+    after = finished_shards(out)
+    assert sorted(after) == list(range(30))
+    assert all((after[i].stat().st_ino, after[i].stat().st_mtime_ns) == v for i, v in first.items())
+    assert not list(out.glob("*.tmp-*"))
+    clean = tmp_path / "clean"
+    assert main([*argv[3:7], "--out", str(clean), *argv[9:]]) == 0
+    assert [a.read_bytes() for a in after.values()] == [
+        p.read_bytes() for p in finished_shards(clean).values()
+    ]
+    assert json.loads((out / MANIFEST).read_text())["counts"]["samples"] == 60
+
+
+def test_the_trainer_trains_from_shards_and_says_when_data_repeats(
+    tmp_path: Path, target_dir: Path
+) -> None:
+    from trainer.trainer import Trainer
+
+    cfg, prompts = write_config(tmp_path, target_dir), write_prompts(tmp_path / "p.jsonl", 9)
+    assert run_cli(cfg, prompts, tmp_path / "data", "--shard-size", "4") == 0
+    config = load_config(cfg, [f"data.path={tmp_path / 'data'}", "run.steps=3"])
+    lines: list[str] = []
+    trainer = Trainer(config, tmp_path / "run", emit=lines.append)
+    results = trainer.run()
+    assert len(results) == 3 and all(r.loss == r.loss for r in results)
+    repeats = [line for line in lines if "repeated samples" in line]
+    assert repeats == [repeat_line(2, 9)]  # 2 batches of 4 per epoch: step 3 starts epoch 2
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [round(r["epochs"], 3) for r in rows] == [
+        round(4 / 9, 3),
+        round(8 / 9, 3),
+        round(1 + 4 / 9, 3),
+    ]
+
+
+def repeat_line(epoch: int, samples: int) -> str:
+    from trainer.data import repeat_note
+
+    return repeat_note(epoch - 1, samples)
+
+
+def test_torchrun_ranks_share_the_shards_and_write_what_one_process_writes(
+    tmp_path: Path, target_dir: Path
+) -> None:
+    cfg, prompts = write_config(tmp_path, target_dir), write_prompts(tmp_path / "p.jsonl", 10)
+    flags = ["--config", str(cfg), "--prompts", str(prompts), "--max-new-tokens", "8",
+             "--shard-size", "3", "--log-every", "0"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "trainer.generate", *flags, "--out", str(tmp_path / "two")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert "[rank 1/2] 2 of 4 shards are this rank's" in two.stdout
+    assert main([*flags, "--out", str(tmp_path / "one")]) == 0
+    one, both = finished_shards(tmp_path / "one"), finished_shards(tmp_path / "two")
+    assert [p.read_bytes() for p in both.values()] == [p.read_bytes() for p in one.values()]
+    manifest = json.loads((tmp_path / "two" / MANIFEST).read_text())
+    assert manifest["complete"] and manifest["counts"]["samples"] == 10
+
+
+def test_a_target_without_tokenizer_answers_token_ids_and_refuses_chat(
+    tmp_path: Path, target_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        if (target_dir / name).is_file():
+            (bare / name).write_bytes((target_dir / name).read_bytes())
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text('{"input_ids": [5, 6, 7, 8]}\n')
+    assert run_cli(write_config(tmp_path, bare), ids, tmp_path / "a") == 0
+    assert ShardSamples(tmp_path / "a")[0].input_ids[:4] == [5, 6, 7, 8]
+    chat = write_prompts(tmp_path / "chat.jsonl", 1)
+    assert run_cli(write_config(tmp_path, bare), chat, tmp_path / "b") == 2
+    assert "has no tokenizer" in capsys.readouterr().err
+
+
+def test_enable_thinking_reaches_a_template_that_has_the_switch(
+    tmp_path: Path, target_dir: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    from trainer.prompt_file import Renderer
+
+    tok = AutoTokenizer.from_pretrained(str(target_dir))
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}A:{% if enable_thinking is defined and not enable_thinking %}"
+        "<t></t>{% endif %}{% endif %}"
+    )
+    tok.save_pretrained(str(tmp_path))
+    msgs = [{"role": "user", "content": "hi"}]
+    plain = Renderer(tmp_path)("messages", msgs)
+    off = Renderer(tmp_path, enable_thinking=False)
+    assert off.template_has_thinking and tok.decode(plain) == "hiA:"
+    assert tok.decode(off("messages", msgs)) == "hiA:<t></t>"
+    assert off.describe()["enable_thinking"] is False
