@@ -192,7 +192,8 @@ def lookup(
     """What `ssh -G` says for these settings (asked of ssh, or of our parser without it).
 
     `use_ssh=None` asks ssh when it is installed; True/False force one path (tests)."""
-    ssh_names.check_host(host, where="host")
+    host_user, host = ssh_names.split_user_host(host)
+    user = user or host_user
     if user is not None:
         ssh_names.check_user(user, where="user")
     home = _home()
@@ -244,9 +245,7 @@ def resolve(
         target = replace(target, known_hosts_files=tuple(known_hosts_files))
     jump_spec = values.get("proxyjump", [None])[0]
     if jump_spec:
-        target = replace(
-            target, proxy_jump=_resolve_jumps(jump_spec, config_path, use_ssh, _depth)
-        )
+        target = replace(target, proxy_jump=_resolve_jumps(jump_spec, config_path, use_ssh, _depth))
     return target
 
 
@@ -282,9 +281,7 @@ def _target(alias: str, values: dict[str, list[str]]) -> SSHTarget:
 
     hostname, user = one("hostname", alias), one("user") or ssh_tokens.local_user()
     port = _parse_port(one("port", "22"), f"the SSH configuration of {alias}")
-    tokens = ssh_tokens.tokens(
-        host=hostname, original=alias, port=str(port), user=user, home=home
-    )
+    tokens = ssh_tokens.tokens(host=hostname, original=alias, port=str(port), user=user, home=home)
 
     def path(text: str, key: str) -> Path:
         return Path(ssh_tokens.expand(ssh_tokens.expand_tilde(text, home), tokens, where=key))
