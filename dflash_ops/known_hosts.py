@@ -7,8 +7,11 @@ else `host` or `[host]:port`. For the key the server presents:
 1. a matching `@revoked` line with that key → refused (`HostKeyRevoked`), whatever else says;
 2. a matching plain line with that key → accepted (other lines for the host do not matter, so a
    stale key listed first is no "change");
-3. a matching plain line of the same key type but another key → `HostKeyChanged`;
-4. otherwise the key is unknown (`HostKeyUnknown`), even when keys of other types are known.
+3. any other matching plain line (another key of this type, or only keys of other types: ssh
+   then negotiated a type it does not know for the host) → `HostKeyChanged`;
+4. nothing matches: off port 22 (without HostKeyAlias) the bare host name is tried as ssh does
+   ("checking without port identifier"), and only a match or a revocation there counts;
+   otherwise the key is unknown (`HostKeyUnknown`).
 `@cert-authority` lines vouch for host certificates only; we never ask for a certificate host
 key, so they are skipped, as are lines ssh would skip as malformed (never a crash).
 """
@@ -64,7 +67,6 @@ class Entry:
 class Judgement:
     verdict: Verdict
     entry: Entry | None = None  # the line that decided (revoked, changed) or accepted
-    other_types: tuple[str, ...] = ()  # key types known for the host when the key is unknown
 
 
 def blob_type(blob: bytes) -> str:
@@ -131,8 +133,21 @@ def load(paths: tuple[Path, ...] | list[Path]) -> list[Entry]:
     return entries
 
 
-def judge(entries: list[Entry], name: str, blob: bytes) -> Judgement:
-    """The verdict on the server key `blob` for the known_hosts name `name` (see module doc)."""
+def judge(
+    entries: list[Entry], name: str, blob: bytes, *, portless: str | None = None
+) -> Judgement:
+    """The verdict on the server key `blob` for the known_hosts name `name` (see module doc).
+
+    `portless`: the bare host name, tried as ssh does when `[host]:port` knows nothing."""
+    judged = _judge_name(entries, name, blob)
+    if judged.verdict is Verdict.UNKNOWN and portless is not None:
+        bare = _judge_name(entries, portless, blob)
+        if bare.verdict in (Verdict.OK, Verdict.REVOKED):
+            return bare
+    return judged
+
+
+def _judge_name(entries: list[Entry], name: str, blob: bytes) -> Judgement:
     mine = [e for e in entries if e.marker != CERT_AUTHORITY and e.matches(name)]
     for entry in mine:
         if entry.marker == REVOKED and entry.blob == blob:
@@ -141,12 +156,10 @@ def judge(entries: list[Entry], name: str, blob: bytes) -> Judgement:
     for entry in plain:
         if entry.blob == blob:
             return Judgement(Verdict.OK, entry)
-    server_type = blob_type(blob)
-    for entry in plain:
-        if entry.key_type == server_type:
-            return Judgement(Verdict.CHANGED, entry)
-    others = tuple(dict.fromkeys(e.key_type for e in plain))
-    return Judgement(Verdict.UNKNOWN, other_types=others)
+    if plain:  # ssh: a recorded key of any type that is not this one is a change
+        same_type = [e for e in plain if e.key_type == blob_type(blob)]
+        return Judgement(Verdict.CHANGED, (same_type or plain)[0])
+    return Judgement(Verdict.UNKNOWN)
 
 
 def known_types(entries: list[Entry], name: str) -> list[str]:

@@ -66,7 +66,10 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
         name = self.target.known_hosts_name
-        judged = known_hosts.judge(self.entries, name, key.asbytes())
+        bare = self.target.port != 22 and not self.target.host_key_alias
+        judged = known_hosts.judge(
+            self.entries, name, key.asbytes(), portless=self.target.hostname if bare else None
+        )
         shown = f"{key.get_name()} {fingerprint(key)}"
         if judged.verdict is known_hosts.Verdict.OK:
             return
@@ -80,7 +83,7 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
             assert judged.entry is not None
             raise _changed(self.target, shown, judged.entry)
         if not self.accept_new:
-            raise _unknown(self.target, shown, judged.other_types)
+            raise _unknown(self.target, shown)
         self._record(key)
 
     def _record(self, key: Any) -> None:
@@ -100,11 +103,11 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
 
 
 def _changed(target: SSHTarget, shown: str, entry: known_hosts.Entry) -> HostKeyChanged:
-    recorded = paramiko.PKey.from_type_string(entry.key_type, entry.blob)
+    digest = base64.b64encode(hashlib.sha256(entry.blob).digest()).decode().rstrip("=")
     name = target.known_hosts_name
     return HostKeyChanged(
         f"The host key of {name} has CHANGED: the server presents {shown}, "
-        f"{entry.path}:{entry.line} records {entry.key_type} {fingerprint(recorded)}",
+        f"{entry.path}:{entry.line} records {entry.key_type} SHA256:{digest}",
         hint=(
             "Someone may be intercepting the connection, or the host was reinstalled. "
             "Confirm the new key with the host's owner, then remove the old entry: "
@@ -113,11 +116,10 @@ def _changed(target: SSHTarget, shown: str, entry: known_hosts.Entry) -> HostKey
     )
 
 
-def _unknown(target: SSHTarget, shown: str, other_types: tuple[str, ...]) -> HostKeyUnknown:
+def _unknown(target: SSHTarget, shown: str) -> HostKeyUnknown:
     name = target.known_hosts_name
-    also = f" (known_hosts has only {', '.join(other_types)} for it)" if other_types else ""
     return HostKeyUnknown(
-        f"The host key of {name} is not known: {shown}{also}",
+        f"The host key of {name} is not known: {shown}",
         hint=(
             "Check this fingerprint on the host itself (ssh-keygen -lf "
             "/etc/ssh/ssh_host_ed25519_key.pub) and, if it matches, run again with "
@@ -202,7 +204,9 @@ def _raw_socket(target: SSHTarget, jumps: list[Connection], accept_new: bool) ->
         return socket.create_connection(where, timeout=target.connect_timeout)
     except OSError as exc:
         why = exc.strerror or str(exc) or type(exc).__name__
-        raise ConnectionFailed(f"Cannot connect to {target.hostname}:{target.port}: {why}") from None
+        raise ConnectionFailed(
+            f"Cannot connect to {target.hostname}:{target.port}: {why}"
+        ) from None
 
 
 def connect(target: SSHTarget, *, accept_new_host_key: bool = False) -> Connection:
