@@ -202,6 +202,11 @@ def _raw_socket(target: SSHTarget, jumps: list[Connection], accept_new: bool) ->
     where = (target.hostname, target.port)
     try:
         return socket.create_connection(where, timeout=target.connect_timeout)
+    except ConnectionResetError as exc:  # accepted, then reset before we could read
+        raise ConnectionDropped(
+            f"{target.hostname}:{target.port} closed the connection before saying anything "
+            f"({exc.strerror or exc})"
+        ) from None
     except OSError as exc:
         why = exc.strerror or str(exc) or type(exc).__name__
         raise ConnectionFailed(
@@ -287,7 +292,13 @@ def _failure(
         return ConnectionFailed(f"Cannot connect to {where}: timed out ({reason})")
     if "protocol banner" in reason and received and not _peer_closed(reason):
         return NotAnSSHServer(f"{where} answered, but not as an SSH server ({reason})")
-    if "protocol banner" in reason or transport is None or not transport.is_active():
+    if (
+        "protocol banner" in reason
+        or isinstance(exc, EOFError | ConnectionError)
+        or _peer_closed(reason)
+        or transport is None
+        or not transport.is_active()
+    ):
         said = "during the SSH handshake" if received else "before saying anything"
         return ConnectionDropped(f"{where} closed the connection {said} ({_dropped(exc)})")
     key_files, use_agent = offered
@@ -312,7 +323,7 @@ def _failure(
 def _peer_closed(reason: str) -> bool:
     return any(
         text in reason
-        for text in ("Connection reset", "EOFError", "Broken pipe", "closed by", "EOF")
+        for text in ("Connection reset", "Broken pipe", "closed by", "EOF", "No existing session")
     )
 
 
