@@ -11,9 +11,11 @@ the user defaults to the local account, as ssh's does.
 Host and user names are checked before anything reads a config (`ssh_names`): a `Match exec`
 line substitutes them into a shell command.
 
-`~` means $HOME. `ssh` itself takes `~` from the password database; when $HOME points
-elsewhere (a test, a sandbox) dflash passes `-F $HOME/.ssh/config` (so /etc/ssh/ssh_config is
-not read, as with `ssh -F`) and maps the account home in ssh's answer to $HOME.
+`~` means $HOME. `ssh` itself takes `~` (and the folder of a relative `Include`) from the
+password database, so when $HOME points elsewhere (a test, a sandbox) ssh would read other files
+than dflash is pointed at: dflash then reads `$HOME/.ssh/config` with its own parser (no
+/etc/ssh/ssh_config, as with `ssh -F`). Forced to ask ssh there (`use_ssh=True`), it passes
+`-F $HOME/.ssh/config` and maps the account home in ssh's answer to $HOME.
 """
 
 from __future__ import annotations
@@ -199,7 +201,10 @@ def lookup(
     home = _home()
     request = ssh_config_parser.Request(host=host, user=user, port=port, jump=proxy_jump, home=home)
     files = _config_files(config_path, home)
-    ssh = shutil.which("ssh") if use_ssh is not False else None
+    ask = use_ssh
+    if ask is None:  # ssh reads `~` from the password database: ask it only about that home
+        ask = files.dash_f is None or config_path is not None
+    ssh = shutil.which("ssh") if ask else None
     if use_ssh and ssh is None:
         raise ConfigError("The ssh client is not installed.")
     if ssh is not None:
