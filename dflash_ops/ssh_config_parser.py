@@ -155,7 +155,12 @@ class Parser:
             parsed = _LINE.match(line)
             if not line.strip() or line.lstrip().startswith("#") or parsed is None:
                 continue
-            keyword, args = parsed.group(1).lower(), split_args(parsed.group(2), where)
+            keyword, raw = parsed.group(1).lower(), parsed.group(2).rstrip()
+            if keyword == "proxycommand":  # ssh keeps the rest of the line as it is
+                if active and raw:
+                    self._apply(keyword, [raw], where)
+                continue
+            args = split_args(raw, where)
             if keyword == "host":
                 active = match_list(self.state.request.host, args)
             elif keyword == "match":
@@ -189,8 +194,7 @@ class Parser:
             self.state.set_once(keyword, args)
         elif keyword in ("proxyjump", "proxycommand"):
             if "proxyjump" not in self.state.values and "proxycommand" not in self.state.values:
-                value = args[0] if keyword == "proxyjump" else " ".join(args)
-                self.state.values[keyword] = [value]
+                self.state.values[keyword] = [args[0]]
         else:
             self.state.set_once(keyword, [args[0]])
 

@@ -67,6 +67,7 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("Host a\n ProxyJump j1,u@j2:2200\n", "a", {}),
     ("Host a\n ProxyCommand ssh -W %h:%p jump\n", "a", {}),
     ("Host a\n ProxyCommand none\n", "a", {}),
+    ('Host a\n ProxyCommand sh -c "nc %h %p"  # kept  \n', "a", {}),
     ("Host a\n ProxyCommand nc %h %p\n ProxyJump j\n", "a", {}),
     ("Host a\n ProxyJump j\n", "a", {"proxy_jump": "none"}),
     ("", "a", {"proxy_jump": "j3"}),
