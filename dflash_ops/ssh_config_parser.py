@@ -112,9 +112,7 @@ def split_args(text: str, where: str) -> list[str]:
 
 def match_pattern(name: str, pattern: str) -> bool:
     """OpenSSH's match_pattern: `*` any run, `?` one character, everything else literal."""
-    regex = "".join(
-        ".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern
-    )
+    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
     return re.fullmatch(regex, name, flags=re.DOTALL) is not None
 
 
@@ -306,7 +304,10 @@ def _finish(state: _State, request: Request) -> dict[str, list[str]]:
         if value is not None and value.lower() != "none":
             out[key] = [value]
     tokens = ssh_tokens.tokens(
-        host=hostname, original=request.host, port=out["port"][0], user=out["user"][0],
+        host=hostname,
+        original=request.host,
+        port=out["port"][0],
+        user=out["user"][0],
         home=request.home,
     )
     defaults = {
@@ -320,4 +321,3 @@ def _finish(state: _State, request: Request) -> dict[str, list[str]]:
             for f in files
         ]
     return out
-
