@@ -5,7 +5,8 @@ It answers what `ssh -G` would print for the keys dflash uses (see `KEYS`), foll
 `Host` patterns match the name as typed (case-sensitive, `*` and `?` only, `[` is literal,
 `!pattern` vetoes the line); `Match` takes `all`, `host`, `originalhost`, `user`, `localuser`
 and `exec` (each may be negated with '!'; `exec` runs through $SHELL only when the criteria before
-it matched); `Include` reads files relative to ~/.ssh (globs, `~/`, absolute), also inside a
+it matched), and `canonical`/`final`, true only in the second pass that `Match final` requests
+(no hostname canonicalization here); `Include` reads files relative to ~/.ssh (globs, `~/`, absolute), also inside a
 Host block, whose activity it inherits; arguments are split with quotes and backslashes as ssh
 does, and a word starting with '#' ends the line.
 
@@ -139,6 +140,8 @@ class Parser:
     def __init__(self, request: Request, *, run_exec: Callable[[str], bool] | None = None):
         self.state = _State(request)
         self.run_exec = run_exec or _run_in_shell
+        self.final = False  # the second pass that `Match final` asks for
+        self.want_final = False
 
     def read(self, path: Path, *, user_file: bool, depth: int = 0) -> None:
         try:
@@ -187,7 +190,9 @@ class Parser:
         if keyword not in KEYS or not args:
             return
         if keyword == "identityfile":
-            self.state.values.setdefault(keyword, []).append(args[0])
+            files = self.state.values.setdefault(keyword, [])
+            if args[0] not in files:  # ssh ignores a duplicate key file
+                files.append(args[0])
         elif keyword in ("userknownhostsfile", "globalknownhostsfile"):
             self.state.set_once(keyword, args)
         elif keyword in ("proxyjump", "proxycommand"):
@@ -202,9 +207,11 @@ class Parser:
             criterion = args[i].lower()
             negate = criterion.startswith("!")
             criterion = criterion.removeprefix("!")
-            if criterion == "all":
+            if criterion in ("all", "canonical", "final"):
                 i += 1
-                matched = True
+                # canonical/final hold only in ssh's final pass, which `final` requests
+                self.want_final = self.want_final or criterion == "final"
+                matched = criterion == "all" or self.final
             else:
                 if i + 1 >= len(args):
                     raise ConfigError(f"{where}: Match {criterion} needs an argument.")
@@ -279,6 +286,10 @@ def resolve(
         parser.state.values["proxyjump"] = [request.jump]
     for path, user_file in files:
         parser.read(path, user_file=user_file)
+    if parser.want_final:  # ssh reads everything once more; values already set stay
+        parser.final = True
+        for path, user_file in files:
+            parser.read(path, user_file=user_file)
     return _finish(parser.state, request)
 
 

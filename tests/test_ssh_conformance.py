@@ -89,6 +89,14 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("Host !a *\n User notA\n", "a", {}),
     ("Host !a *\n User notA\n", "b", {}),
     ("Host A\n HostName UPPER.Example\n", "A", {}),
+    (
+        "Host a\n IdentityFile ~/.ssh/k1\n IdentityFile ~/.ssh/k1\n IdentityFile ~/.ssh/k0\n",
+        "a",
+        {},
+    ),
+    ("Match final\n User fin\nMatch canonical\n Port 2400\n", "a", {}),
+    ("Match canonical\n Port 2401\nHost a\n Port 2402\n", "a", {}),
+    ("Host a\n HostName 10.9.8.7\nMatch final host 10.9.*\n IdentityFile ~/.ssh/fin_%h\n", "a", {}),
 ]
 
 
