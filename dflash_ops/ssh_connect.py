@@ -20,11 +20,13 @@ refused keys (`AuthenticationFailed`); the message always carries a reason.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import logging
 import os
 import shlex
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -218,6 +220,7 @@ def connect(target: SSHTarget, *, accept_new_host_key: bool = False) -> Connecti
     """Open and authenticate one connection to `target` (through its proxy, if any)."""
     jumps: list[Connection] = []
     client = paramiko.SSHClient()
+    sock: _Watched | None = None
     try:
         sock = _socket(target, jumps, accept_new_host_key)
         entries = known_hosts.load(target.system_known_hosts_files + target.known_hosts_files)
@@ -227,6 +230,9 @@ def connect(target: SSHTarget, *, accept_new_host_key: bool = False) -> Connecti
         _open(client, target, sock, known_hosts.known_types(entries, target.known_hosts_name))
     except BaseException:
         client.close()
+        if sock is not None:  # a ProxyCommand process ends with it
+            with contextlib.suppress(Exception):
+                sock.close()
         for jump in jumps:
             jump.close()
         raise
@@ -250,11 +256,54 @@ def _transport_factory(known_types: list[str]) -> Any:
     return make
 
 
+class _ServerWords(logging.Handler):
+    """What the server said when it disconnected: paramiko only logs it (at INFO), and it is
+    what tells "too many authentication failures" from a server that went away."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.said: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text.startswith("Disconnect (code"):
+            self.said.append(text.partition(": ")[2])
+
+
+@contextlib.contextmanager
+def _listening(client: paramiko.SSHClient, target: SSHTarget) -> Iterator[_ServerWords]:
+    """Hear the transport's log during the handshake only; afterwards its records go where
+    paramiko's always go (nowhere, in the CLI, unless --verbose)."""
+    channel = f"paramiko.transport.dflash.{target.hostname}:{target.port}"
+    client.set_log_channel(channel)
+    logger, words = logging.getLogger(channel), _ServerWords()
+    logger.setLevel(min(logging.INFO, logging.getLogger("paramiko").getEffectiveLevel()))
+    logger.addHandler(words)
+    try:
+        yield words
+    finally:
+        logger.removeHandler(words)
+        logger.setLevel(logging.NOTSET)
+
+
 def _open(
     client: paramiko.SSHClient, target: SSHTarget, sock: _Watched, known_types: list[str]
 ) -> None:
     key_files = [str(p) for p in target.identity_files if p.is_file()]
     use_agent = not target.identities_only and bool(os.environ.get("SSH_AUTH_SOCK"))
+    with _listening(client, target) as words:
+        _handshake(client, target, sock, known_types, words, (key_files, use_agent))
+
+
+def _handshake(
+    client: paramiko.SSHClient,
+    target: SSHTarget,
+    sock: _Watched,
+    known_types: list[str],
+    words: _ServerWords,
+    offered: tuple[list[str], bool],
+) -> None:
+    key_files, use_agent = offered
     try:
         client.connect(
             target.hostname,
@@ -272,7 +321,7 @@ def _open(
     except (HostKeyUnknown, HostKeyChanged, HostKeyRevoked):
         raise
     except Exception as exc:
-        raise _failure(client, target, exc, sock.received, (key_files, use_agent)) from None
+        raise _failure(client, target, exc, sock.received, words.said, offered) from None
 
 
 def _failure(
@@ -280,12 +329,15 @@ def _failure(
     target: SSHTarget,
     exc: Exception,
     received: int,
+    said: list[str],
     offered: tuple[list[str], bool],
 ) -> ConnectionFailed:
     """The one error that says what went wrong (see the module docstring)."""
     where = f"{target.hostname}:{target.port}"
     transport = client.get_transport()
     reason = str(exc) or type(exc).__name__
+    if said:  # the server ended it on purpose and said why
+        return _refused(target, said[-1], offered)
     if isinstance(exc, TimeoutError) or "timed out" in reason:
         if received and "protocol banner" in reason:
             return NotAnSSHServer(f"{where} answered, but not as an SSH server ({reason})")
@@ -318,6 +370,18 @@ def _failure(
             f"{target.user}@{where}: no key to offer (no IdentityFile found and no SSH agent)"
         )
     return ConnectionFailed(f"Cannot connect to {where}: {reason}")
+
+
+def _refused(target: SSHTarget, said: str, offered: tuple[list[str], bool]) -> ConnectionFailed:
+    where = f"{target.hostname}:{target.port}"
+    if "authentication" in said.lower():
+        tried = ", ".join(offered[0]) or "no key files"
+        agent = " and the SSH agent" if offered[1] else ""
+        return AuthenticationFailed(
+            f"{target.user}@{where} refused every key offered ({tried}{agent}): "
+            f"the server said {said!r}"
+        )
+    return ConnectionDropped(f"{where} ended the connection: the server said {said!r}")
 
 
 def _peer_closed(reason: str) -> bool:

@@ -12,6 +12,7 @@ import contextlib
 import select
 import socket
 import struct
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -146,6 +147,20 @@ def test_a_drop_after_key_exchange_is_a_drop_not_a_key_problem(
             assert not isinstance(info.value, AuthenticationFailed)
             assert "during the SSH handshake" in str(info.value)
             assert not str(info.value).endswith(": ") and "()" not in str(info.value)
+
+
+def test_too_many_keys_is_an_authentication_failure_not_a_drop(
+    ssh_home: SSHHome, sshd: SSHServer, tmp_path: Path
+) -> None:
+    """sshd disconnects after MaxAuthTries (6) refused keys: that is about keys, and says so."""
+    strangers = []
+    for number in range(7):
+        key = tmp_path / f"stranger{number}"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        strangers.append(key)
+    with pytest.raises(AuthenticationFailed) as info:
+        SSHTransport("testbox", identity_files=strangers).connect()
+    assert "Too many authentication failures" in str(info.value)
 
 
 def _project(tmp_path: Path) -> Path:
