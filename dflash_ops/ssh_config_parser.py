@@ -117,12 +117,14 @@ def match_pattern(name: str, pattern: str) -> bool:
     return re.fullmatch(regex, name, flags=re.DOTALL) is not None
 
 
-def match_list(name: str, patterns: list[str], *, fold: bool = False) -> bool:
-    """A list of (comma-separated) patterns: one positive match and no negated one."""
+def match_list(name: str, patterns: list[str], *, fold: bool = False, commas: bool = True) -> bool:
+    """Patterns (each split at commas, except on `Host` lines): one positive match and no
+    negated one."""
     if fold:
         name = name.lower()
     matched = False
-    for item in (p for group in patterns for p in group.split(",") if p):
+    groups = (group.split(",") if commas else [group] for group in patterns)
+    for item in (p for group in groups for p in group if p):
         negated = item.startswith("!")
         pattern = item[1:] if negated else item
         if fold:
@@ -163,7 +165,7 @@ class Parser:
                 continue
             args = split_args(raw, where)
             if keyword == "host":
-                active = match_list(self.state.request.host, args)
+                active = match_list(self.state.request.host, args, commas=False)
             elif keyword == "match":
                 active = self._match(args, where)
             elif keyword == "include":

@@ -95,6 +95,7 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
         {},
     ),
     ("Match final\n User fin\nMatch canonical\n Port 2400\n", "a", {}),
+    ("Host a,b\n User comma\nMatch host a,b\n Port 2403\n", "a", {}),
     ("Match canonical\n Port 2401\nHost a\n Port 2402\n", "a", {}),
     ("Host a\n HostName 10.9.8.7\nMatch final host 10.9.*\n IdentityFile ~/.ssh/fin_%h\n", "a", {}),
 ]
