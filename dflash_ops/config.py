@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_ops import shell
+from dflash_ops import shell, ssh_names
 from dflash_ops.errors import ConfigError, UnsafeValue
 
 CONFIG_ENV = "DFLASH_CONFIG"
@@ -311,6 +311,10 @@ def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> T
         host.startswith("-") or not host.strip() or any(c.isspace() for c in host)
     ):
         raise ConfigError(f"{where}: host = {host!r} is not a host name or address.")
+    if host is not None:  # OpenSSH's rule, before any ssh_config (Match exec) sees it
+        ssh_names.split_user_host(host, where=f"{where}: host")
+    if user is not None:
+        ssh_names.check_user(user, where=f"{where}: user")
     if not python:
         raise ConfigError(f"{where}: python is empty.", hint='Set python = "python3".')
     return Target(

@@ -138,3 +138,36 @@ class GenerationError(DflashError):
     """`dflash generate` could not start: a path at the place is missing or unsafe."""
 
     hint = "Pass absolute paths at the place: --prompts an existing JSONL file, --out a folder."
+
+
+class InvalidHostName(ConfigError):
+    """A host or user name that OpenSSH itself would refuse (it could run as a shell command)."""
+
+    hint = (
+        "Give a host name, an address or a ~/.ssh/config alias: no whitespace, quotes, '$', "
+        "'`', ';', '|', '&', '<', '>', brackets of a shell, or a leading '-'."
+    )
+
+
+class HostKeyRevoked(ConnectionFailed):
+    """The host presents a key that known_hosts marks `@revoked`."""
+
+    hint = (
+        "Do not connect: this key was revoked on purpose. Ask the host's owner for its "
+        "current key (and check the @revoked line in known_hosts)."
+    )
+
+
+class ConnectionDropped(ConnectionFailed):
+    """The server closed the connection during the handshake or authentication."""
+
+    hint = (
+        "The SSH server went away mid-handshake (restarted, overloaded: MaxStartups, or a "
+        "firewall). Check that sshd runs on the host (ssh -v <host> true), then run again."
+    )
+
+
+class NotAnSSHServer(ConnectionFailed):
+    """Something answered on the port, but not an SSH server."""
+
+    hint = "Check the port: is it the SSH server's (Port in ~/.ssh/config, --port)?"

@@ -1,41 +1,37 @@
-"""Where an SSH connection goes and how it is opened: `~/.ssh/config`, known hosts, ProxyJump.
+"""Where an SSH connection goes: the destination resolved exactly as OpenSSH resolves it.
 
-Resolution order for every setting is: explicit value > `~/.ssh/config` > default (port 22,
-user root). paramiko parses `~/.ssh/config` but applies none of it, so `resolve` does; it also
-does not follow ProxyJump, so `connect` opens the jump host first and tunnels through it with a
-`direct-tcpip` channel passed as `sock=`.
+Resolution is OpenSSH's own. Where the `ssh` client is installed, `resolve` asks it once
+(`ssh -G [-F file] [-l user] [-p port] [-J jump] host`) and reads host name, user, port,
+identity files, IdentitiesOnly, ProxyJump, ProxyCommand, the known-hosts files, HostKeyAlias,
+StrictHostKeyChecking and HashKnownHosts from its answer. Without `ssh`, our own parser
+(`ssh_config_parser`) answers the same questions the same way. Explicit values (flags,
+deploy.toml) are passed as ssh's own flags, so they win as they would on ssh's command line;
+the user defaults to the local account, as ssh's does.
 
-Host keys are never trusted silently: an unknown key raises `HostKeyUnknown` with its SHA256
-fingerprint unless the caller passed `accept_new_host_key=True` (the CLI's
-`--accept-new-host-key`), in which case it is appended to the user's known_hosts. A key that
-differs from the recorded one raises `HostKeyChanged`, flag or not.
+Host and user names are checked before anything reads a config (`ssh_names`): a `Match exec`
+line substitutes them into a shell command.
+
+`~` means $HOME. `ssh` itself takes `~` (and the folder of a relative `Include`) from the
+password database, so when $HOME points elsewhere (a test, a sandbox) ssh would read other files
+than dflash is pointed at: dflash then reads `$HOME/.ssh/config` with its own parser (no
+/etc/ssh/ssh_config, as with `ssh -F`). Forced to ask ssh there (`use_ssh=True`), it passes
+`-F $HOME/.ssh/config` and maps the account home in ssh's answer to $HOME.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import logging
-import os
-from dataclasses import dataclass, field
+import shutil
+import subprocess
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import paramiko
-
-from dflash_ops.errors import (
-    AuthenticationFailed,
-    ConfigError,
-    ConnectionFailed,
-    HostKeyChanged,
-    HostKeyUnknown,
-)
-
-log = logging.getLogger(__name__)
+from dflash_ops import ssh_config_parser, ssh_names, ssh_tokens
+from dflash_ops.errors import ConfigError
 
 DEFAULT_PORT = 22
-DEFAULT_USER = "root"
 SYSTEM_KNOWN_HOSTS = (Path("/etc/ssh/ssh_known_hosts"), Path("/etc/ssh/ssh_known_hosts2"))
 _MAX_JUMPS = 8
+_PATH_KEYS = ("userknownhostsfile", "globalknownhostsfile", "identityfile")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,12 +41,16 @@ class SSHTarget:
     alias: str
     hostname: str
     port: int = DEFAULT_PORT
-    user: str = DEFAULT_USER
+    user: str
     identity_files: tuple[Path, ...] = ()
     identities_only: bool = False
     known_hosts_files: tuple[Path, ...] = ()  # the user's; new keys are added to the first
     system_known_hosts_files: tuple[Path, ...] = SYSTEM_KNOWN_HOSTS
     proxy_jump: SSHTarget | None = None
+    proxy_command: str | None = None  # tokens expanded; run by /bin/sh as ssh does
+    host_key_alias: str | None = None
+    strict_host_key_checking: str = "ask"  # as ssh -G prints it: true, false, ask, accept-new
+    hash_known_hosts: bool = False
     connect_timeout: float = 10.0
 
     @property
@@ -66,45 +66,14 @@ class SSHTarget:
 
     @property
     def known_hosts_name(self) -> str:
-        """How known_hosts names this host (OpenSSH writes `[host]:port` off port 22)."""
+        """How known_hosts names this host: HostKeyAlias, else `host` or `[host]:port`."""
+        if self.host_key_alias:
+            return self.host_key_alias
         return self.hostname if self.port == DEFAULT_PORT else f"[{self.hostname}]:{self.port}"
 
 
 def _home() -> Path:
     return Path.home()
-
-
-def _expand(path: str) -> Path:
-    if path == "~" or path.startswith("~/"):
-        return _home() / path[2:]
-    return Path(path)
-
-
-def _load_ssh_config(config_path: Path | None) -> paramiko.SSHConfig:
-    path = config_path if config_path is not None else _home() / ".ssh" / "config"
-    if not path.is_file():
-        return paramiko.SSHConfig()
-    try:
-        return paramiko.SSHConfig.from_path(str(path))
-    except (OSError, paramiko.ssh_exception.ConfigParseError) as exc:
-        raise ConfigError(f"Cannot read SSH config {path}: {exc}") from exc
-
-
-def _split_jump(spec: str) -> tuple[str | None, str, int | None]:
-    """`[user@]host[:port]` (or `ssh://user@host:port`) → (user, host, port)."""
-    spec = spec.removeprefix("ssh://")
-    user, _, hostport = spec.rpartition("@")
-    port: int | None = None
-    if hostport.startswith("["):  # [v6addr]:port
-        host, _, rest = hostport[1:].partition("]")
-        if rest.startswith(":"):
-            port = _parse_port(rest[1:], f"ProxyJump {spec!r}")
-    elif hostport.count(":") == 1:
-        host, _, port_text = hostport.partition(":")
-        port = _parse_port(port_text, f"ProxyJump {spec!r}")
-    else:
-        host = hostport
-    return (user or None), host, port
 
 
 def _parse_port(text: str | int, where: str) -> int:
@@ -117,6 +86,132 @@ def _parse_port(text: str | int, where: str) -> int:
     return port
 
 
+def _split_jump(spec: str) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:port]` (or `ssh://user@host:port`) → (user, host, port), checked."""
+    spec = spec.removeprefix("ssh://")
+    user, _, hostport = spec.rpartition("@")
+    port: int | None = None
+    if hostport.startswith("["):  # [v6addr]:port
+        host, _, rest = hostport[1:].partition("]")
+        if rest.startswith(":"):
+            port = _parse_port(rest[1:], f"ProxyJump {spec!r}")
+    elif hostport.count(":") == 1:
+        host, _, port_text = hostport.partition(":")
+        port = _parse_port(port_text, f"ProxyJump {spec!r}")
+    else:
+        host = hostport
+    ssh_names.check_host(host, where=f"ProxyJump {spec!r}")
+    if user:
+        ssh_names.check_user(user, where=f"ProxyJump {spec!r}")
+    return (user or None), host, port
+
+
+@dataclass(frozen=True)
+class _Files:
+    """Which config files a lookup reads, and the `-F` that makes `ssh -G` read the same."""
+
+    files: list[tuple[Path, bool]]  # (path, is the user's file)
+    dash_f: Path | None
+
+
+def _config_files(config_path: Path | None, home: Path) -> _Files:
+    if config_path is not None:
+        return _Files([(config_path, True)], config_path)
+    user_file = home / ".ssh" / "config"
+    if home.resolve() == ssh_tokens.account_home().resolve():
+        return _Files([(user_file, True), (ssh_config_parser.SYSTEM_CONFIG, False)], None)
+    return _Files([(user_file, True)], user_file if user_file.is_file() else Path("/dev/null"))
+
+
+def _ask_ssh(ssh: str, request: ssh_config_parser.Request, files: _Files) -> dict[str, list[str]]:
+    """One `ssh -G` → {key: values} for the keys we use."""
+    argv = [ssh, "-G"]
+    if files.dash_f is not None:
+        argv += ["-F", str(files.dash_f)]
+    if request.user is not None:
+        argv += ["-l", request.user]
+    if request.port is not None:
+        argv += ["-p", str(request.port)]
+    if request.jump is not None:
+        argv += ["-o", f"ProxyJump={request.jump}"]
+    argv.append(request.host)
+    try:
+        done = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"ssh -G {request.host} did not answer: {exc}") from None
+    if done.returncode != 0:
+        why = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no message"
+        raise ConfigError(f"ssh refuses the configuration for {request.host!r}: {why}")
+    values: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key in ssh_config_parser.KEYS:
+            values.setdefault(key, []).append(value)
+    for key in ("userknownhostsfile", "globalknownhostsfile"):
+        if key in values:
+            values[key] = _split_paths(values[key][0])
+    return values
+
+
+def _split_paths(text: str) -> list[str]:
+    """ssh -G prints a list of expanded paths joined by spaces; a word that is not a path
+    start belongs to the previous path (a quoted name with a space)."""
+    paths: list[str] = []
+    for word in text.split(" "):
+        if paths and not word.startswith(("/", "~")):
+            paths[-1] += " " + word
+        else:
+            paths.append(word)
+    return paths
+
+
+def _rehome(values: dict[str, list[str]], home: Path) -> dict[str, list[str]]:
+    """Map the account home (ssh's `~`) to $HOME in ssh's answer, when they differ."""
+    account = str(ssh_tokens.account_home()).rstrip("/") + "/"
+    if Path(account).resolve() == home.resolve():
+        return values
+    mine = str(home).rstrip("/") + "/"
+    return {
+        key: [
+            mine + item[len(account) :] if key in _PATH_KEYS and item.startswith(account) else item
+            for item in items
+        ]
+        for key, items in values.items()
+    }
+
+
+def lookup(
+    host: str,
+    *,
+    user: str | None = None,
+    port: int | None = None,
+    proxy_jump: str | None = None,
+    config_path: Path | None = None,
+    use_ssh: bool | None = None,
+) -> dict[str, list[str]]:
+    """What `ssh -G` says for these settings (asked of ssh, or of our parser without it).
+
+    `use_ssh=None` asks ssh when it is installed; True/False force one path (tests)."""
+    host_user, host = ssh_names.split_user_host(host)
+    user = user or host_user
+    if user is not None:
+        ssh_names.check_user(user, where="user")
+    home = _home()
+    request = ssh_config_parser.Request(host=host, user=user, port=port, jump=proxy_jump, home=home)
+    files = _config_files(config_path, home)
+    ask = use_ssh
+    if ask is None:  # ssh reads `~` from the password database: ask it only about that home
+        ask = files.dash_f is None or config_path is not None
+    ssh = shutil.which("ssh") if ask else None
+    if use_ssh and ssh is None:
+        raise ConfigError("The ssh client is not installed.")
+    if ssh is not None:
+        return _rehome(_ask_ssh(ssh, request, files), home)
+    return ssh_config_parser.resolve(request, files.files)
+
+
 def resolve(
     host: str,
     *,
@@ -126,244 +221,100 @@ def resolve(
     known_hosts_files: list[Path] | tuple[Path, ...] | None = None,
     proxy_jump: str | None = None,
     config_path: Path | None = None,
+    use_ssh: bool | None = None,
     _depth: int = 0,
 ) -> SSHTarget:
     """Resolve `host` (an alias or address, optionally `user@host`) into an `SSHTarget`.
 
-    Explicit arguments win over `~/.ssh/config` (HostName, Port, User, IdentityFile,
-    IdentitiesOnly, UserKnownHostsFile, GlobalKnownHostsFile, ProxyJump, ConnectTimeout), which
-    wins over the defaults. `proxy_jump="none"` disables a ProxyJump set in the config.
+    Explicit arguments win over ssh_config, which wins over OpenSSH's defaults.
+    `proxy_jump="none"` disables a ProxyJump set in the config.
     """
-    if "@" in host:  # "user@host", as ssh accepts it; an explicit user still wins
-        host_user, _, host = host.rpartition("@")
-        user = user or host_user or None
-    if not host or host.startswith("-") or any(c.isspace() or c == "\x00" for c in host):
-        raise ConfigError(f"Invalid SSH host {host!r}: give an address or a ~/.ssh/config alias.")
+    host_user, host = ssh_names.split_user_host(host)
+    user = user or host_user
+    if port is not None:
+        port = _parse_port(port, "--port")
     if _depth > _MAX_JUMPS:
         raise ConfigError(f"ProxyJump chain through {host!r} is longer than {_MAX_JUMPS} hops.")
-    options = _load_ssh_config(config_path).lookup(host)
-    where = f"~/.ssh/config (Host {host})"
-
-    hostname = options.get("hostname", host)
-    if port is None:
-        port = _parse_port(options["port"], where) if "port" in options else DEFAULT_PORT
-    user = user or options.get("user") or DEFAULT_USER
-    if identity_files is None:
-        identity_files = [_expand(p) for p in options.get("identityfile", [])]
-    if known_hosts_files is None:
-        known_hosts_files = [_expand(p) for p in options.get("userknownhostsfile", "").split()]
-        if not known_hosts_files:
-            known_hosts_files = [_home() / ".ssh" / "known_hosts"]
-    system_files = (
-        tuple(_expand(p) for p in options.get("globalknownhostsfile", "").split())
-        or SYSTEM_KNOWN_HOSTS
+    values = lookup(
+        host,
+        user=user,
+        port=port,
+        proxy_jump=proxy_jump,
+        config_path=config_path,
+        use_ssh=use_ssh,
     )
-    timeout = float(options["connecttimeout"]) if "connecttimeout" in options else 10.0
+    target = _target(host, values)
+    if identity_files is not None:
+        target = replace(target, identity_files=tuple(identity_files))
+    if known_hosts_files is not None:
+        target = replace(target, known_hosts_files=tuple(known_hosts_files))
+    jump_spec = values.get("proxyjump", [None])[0]
+    if jump_spec:
+        target = replace(target, proxy_jump=_resolve_jumps(jump_spec, config_path, use_ssh, _depth))
+    return target
 
-    jump_spec = proxy_jump if proxy_jump is not None else options.get("proxyjump")
+
+def _resolve_jumps(
+    spec: str, config_path: Path | None, use_ssh: bool | None, depth: int
+) -> SSHTarget:
+    """`a,b`: reach a (with its own config), from a reach b, from b the target."""
     jump: SSHTarget | None = None
-    if jump_spec and jump_spec.lower() != "none":
-        # "a,b" means: reach a, from a reach b, from b reach the target.
-        for hop in jump_spec.split(","):
-            hop_user, hop_host, hop_port = _split_jump(hop.strip())
-            hop_target = resolve(
-                hop_host,
-                user=hop_user,
-                port=hop_port,
-                config_path=config_path,
-                proxy_jump="none" if jump is not None else None,
-                _depth=_depth + 1,
-            )
-            if jump is not None:
-                hop_target = _with_jump(hop_target, jump)
-            jump = hop_target
+    for hop in spec.split(","):
+        hop_user, hop_host, hop_port = _split_jump(hop.strip())
+        hop_target = resolve(
+            hop_host,
+            user=hop_user,
+            port=hop_port,
+            config_path=config_path,
+            proxy_jump="none" if jump is not None else None,
+            use_ssh=use_ssh,
+            _depth=depth + 1,
+        )
+        if jump is not None:
+            hop_target = replace(hop_target, proxy_jump=jump)
+        jump = hop_target
+    assert jump is not None
+    return jump
 
+
+def _target(alias: str, values: dict[str, list[str]]) -> SSHTarget:
+    """The target that ssh's answer describes (tokens and `~` expanded as ssh would)."""
+    home = _home()
+
+    def one(key: str, default: str = "") -> str:
+        return values.get(key, [default])[0]
+
+    hostname, user = one("hostname", alias), one("user") or ssh_tokens.local_user()
+    port = _parse_port(one("port", "22"), f"the SSH configuration of {alias}")
+    tokens = ssh_tokens.tokens(host=hostname, original=alias, port=str(port), user=user, home=home)
+
+    def path(text: str, key: str) -> Path:
+        return Path(ssh_tokens.expand(ssh_tokens.expand_tilde(text, home), tokens, where=key))
+
+    proxy_command = one("proxycommand") or None
+    if proxy_command is not None:
+        proxy_command = ssh_tokens.expand(proxy_command, tokens, where="ProxyCommand")
+    timeout = one("connecttimeout", "none")
     return SSHTarget(
-        alias=host,
+        alias=alias,
         hostname=hostname,
         port=port,
         user=user,
-        identity_files=tuple(identity_files),
-        identities_only=options.get("identitiesonly", "no").lower() == "yes",
-        known_hosts_files=tuple(known_hosts_files),
-        system_known_hosts_files=system_files,
-        proxy_jump=jump,
-        connect_timeout=timeout,
+        identity_files=tuple(path(p, "IdentityFile") for p in values.get("identityfile", [])),
+        identities_only=one("identitiesonly", "no") == "yes",
+        known_hosts_files=tuple(
+            path(p, "UserKnownHostsFile")
+            for p in values.get("userknownhostsfile", [])
+            if p != "none"
+        ),
+        system_known_hosts_files=tuple(
+            path(p, "GlobalKnownHostsFile")
+            for p in values.get("globalknownhostsfile", [])
+            if p != "none"
+        ),
+        proxy_command=proxy_command,
+        host_key_alias=one("hostkeyalias") or None,
+        strict_host_key_checking=one("stricthostkeychecking", "ask"),
+        hash_known_hosts=one("hashknownhosts", "no") == "yes",
+        connect_timeout=float(timeout) if timeout.isdigit() else 10.0,
     )
-
-
-def _with_jump(target: SSHTarget, jump: SSHTarget) -> SSHTarget:
-    fields = {name: getattr(target, name) for name in SSHTarget.__dataclass_fields__}
-    fields["proxy_jump"] = jump
-    return SSHTarget(**fields)
-
-
-def fingerprint(key: paramiko.PKey) -> str:
-    """OpenSSH's fingerprint of a public key: `SHA256:` + unpadded base64 of its digest."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Refuses unknown host keys unless told to accept new ones, then records them."""
-
-    def __init__(self, target: SSHTarget, *, accept_new: bool) -> None:
-        self.target = target
-        self.accept_new = accept_new
-
-    def missing_host_key(
-        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
-    ) -> None:
-        store = self.target.user_known_hosts
-        if not self.accept_new:
-            raise HostKeyUnknown(
-                f"The host key of {hostname} is not known: {key.get_name()} {fingerprint(key)}",
-                hint=(
-                    "Check this fingerprint on the host itself (ssh-keygen -lf "
-                    "/etc/ssh/ssh_host_ed25519_key.pub) and, if it matches, run again with "
-                    f"--accept-new-host-key to add it to {store}."
-                ),
-            )
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        store.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with store.open("a") as handle:
-            handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-        os.chmod(store, 0o600)
-        log.warning(
-            "added host key %s %s for %s to %s",
-            key.get_name(),
-            fingerprint(key),
-            hostname,
-            store,
-            extra={"host": hostname},
-        )
-
-
-@dataclass
-class Connection:
-    """An open, authenticated client and the jump-host clients it tunnels through."""
-
-    client: paramiko.SSHClient
-    jumps: list[Connection] = field(default_factory=list)
-
-    @property
-    def transport(self) -> paramiko.Transport:
-        transport = self.client.get_transport()
-        assert transport is not None
-        return transport
-
-    def is_active(self) -> bool:
-        transport = self.client.get_transport()
-        return transport is not None and transport.is_active()
-
-    def close(self) -> None:
-        self.client.close()
-        for jump in self.jumps:
-            jump.close()
-
-
-def connect(target: SSHTarget, *, accept_new_host_key: bool = False) -> Connection:
-    """Open and authenticate one connection to `target` (through its ProxyJump hosts, if any)."""
-    jumps: list[Connection] = []
-    sock: paramiko.Channel | None = None
-    if target.proxy_jump is not None:
-        jump = connect(target.proxy_jump, accept_new_host_key=accept_new_host_key)
-        jumps.append(jump)
-        try:
-            sock = jump.transport.open_channel(
-                "direct-tcpip",
-                (target.hostname, target.port),
-                ("127.0.0.1", 0),
-                timeout=target.connect_timeout,
-            )
-        except (paramiko.SSHException, OSError) as exc:
-            jump.close()
-            raise ConnectionFailed(
-                f"Jump host {target.proxy_jump.description} could not reach "
-                f"{target.hostname}:{target.port}: {exc}"
-            ) from exc
-
-    client = paramiko.SSHClient()
-    _load_known_hosts(client, target)
-    client.set_missing_host_key_policy(_HostKeyPolicy(target, accept_new=accept_new_host_key))
-    try:
-        _open(client, target, sock)
-    except BaseException:
-        client.close()
-        for jump in jumps:
-            jump.close()
-        raise
-    transport = client.get_transport()
-    if transport is not None:
-        transport.set_keepalive(15)  # notice a dead peer during long, quiet commands
-    return Connection(client=client, jumps=jumps)
-
-
-def _load_known_hosts(client: paramiko.SSHClient, target: SSHTarget) -> None:
-    """System files, then the user's. Loaded without `load_host_keys(path)`, which would make
-    paramiko rewrite that file (dropping its comments) whenever a key is added."""
-    loads = [(p, client.load_system_host_keys) for p in target.system_known_hosts_files]
-    loads += [(p, client.get_host_keys().load) for p in target.known_hosts_files]
-    for path, load in loads:
-        if not path.is_file():
-            continue
-        try:
-            load(str(path))
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"Cannot read known hosts file {path}: {exc}") from None
-
-
-def _open(client: paramiko.SSHClient, target: SSHTarget, sock: paramiko.Channel | None) -> None:
-    where = f"{target.hostname}:{target.port}"
-    key_files = [str(p) for p in target.identity_files if p.is_file()]
-    use_agent = not target.identities_only and bool(os.environ.get("SSH_AUTH_SOCK"))
-    try:
-        client.connect(
-            target.hostname,
-            port=target.port,
-            username=target.user,
-            key_filename=key_files or None,
-            allow_agent=use_agent,
-            look_for_keys=not target.identities_only,
-            timeout=target.connect_timeout,
-            banner_timeout=target.connect_timeout,
-            auth_timeout=target.connect_timeout,
-            sock=sock,
-        )
-    except paramiko.BadHostKeyException as exc:
-        raise HostKeyChanged(
-            f"The host key of {target.known_hosts_name} has CHANGED: the server presents "
-            f"{exc.key.get_name()} {fingerprint(exc.key)}, known_hosts records "
-            f"{exc.expected_key.get_name()} {fingerprint(exc.expected_key)}",
-            hint=(
-                "Someone may be intercepting the connection, or the host was reinstalled. "
-                "Confirm the new key with the host's owner, then remove the old entry: "
-                f"ssh-keygen -R '{target.known_hosts_name}' -f {target.user_known_hosts}"
-            ),
-        ) from None
-    except paramiko.PasswordRequiredException:
-        raise AuthenticationFailed(
-            f"{target.user}@{where}: a key file is protected by a passphrase",
-            hint="Load the key into ssh-agent (ssh-add <key>) and run again.",
-        ) from None
-    except paramiko.AuthenticationException:
-        tried = ", ".join(key_files) or "no key files"
-        agent = " and the SSH agent" if use_agent else ""
-        raise AuthenticationFailed(
-            f"{target.user}@{where} refused every key offered ({tried}{agent})"
-        ) from None
-    except (HostKeyUnknown, HostKeyChanged):
-        raise
-    except paramiko.SSHException as exc:
-        if "No authentication methods available" not in str(exc):
-            raise ConnectionFailed(f"Cannot connect to {where}: {exc}") from None
-        raise AuthenticationFailed(
-            f"{target.user}@{where}: no key to offer (no IdentityFile found and no SSH agent)"
-        ) from None
-    except TimeoutError as exc:
-        raise ConnectionFailed(f"Cannot connect to {where}: timed out ({exc})") from None
-    except paramiko.ssh_exception.NoValidConnectionsError as exc:
-        reasons = "; ".join(sorted({e.strerror or str(e) for e in exc.errors.values()}))
-        raise ConnectionFailed(f"Cannot connect to {where}: {reasons}") from None
-    except (OSError, EOFError) as exc:
-        raise ConnectionFailed(f"Cannot connect to {where}: {exc or type(exc).__name__}") from None

@@ -34,7 +34,8 @@ from dflash_ops.errors import CommandTimedOut, ConnectionFailed
 if TYPE_CHECKING:  # paramiko (~0.1-0.3 s to import) loads only when an SSH command runs
     import paramiko
 
-    from dflash_ops.ssh_config import Connection, SSHTarget
+    from dflash_ops.ssh_config import SSHTarget
+    from dflash_ops.ssh_connect import Connection
 
 CHUNK = 64 * 1024
 Stdin = bytes | bytearray | memoryview | BinaryIO | None
@@ -319,7 +320,7 @@ class SSHTransport:
     def _connection(self) -> Connection:
         with self._lock:
             if self._conn is None:
-                from dflash_ops.ssh_config import connect
+                from dflash_ops.ssh_connect import connect
 
                 self._conn = connect(self.target, accept_new_host_key=self.accept_new_host_key)
                 self.connections_opened += 1

@@ -5,7 +5,7 @@ set -euo pipefail
 need=()
 command -v tmux >/dev/null || need+=(tmux)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
-command -v ssh-keygen >/dev/null || need+=(openssh-client)
+{ command -v ssh && command -v ssh-keygen; } >/dev/null || need+=(openssh-client)  # ssh -G resolves configs
 command -v unshare >/dev/null || need+=(util-linux)
 command -v nsenter >/dev/null || need+=(util-linux)
 command -v ip >/dev/null || need+=(iproute2)

@@ -130,7 +130,8 @@ def test_ssh_config_resolution(ssh_home: SSHHome, sshd: SSHServer) -> None:
     assert resolve("alice@testbox", user="bob").user == "bob"
     plain = resolve("10.9.9.9")
     assert (plain.hostname, plain.port, plain.user) == ("10.9.9.9", 22, "root")
-    assert plain.known_hosts_files == (ssh_home.home / ".ssh" / "known_hosts",)
+    ssh_dir = ssh_home.home / ".ssh"
+    assert plain.known_hosts_files == (ssh_dir / "known_hosts", ssh_dir / "known_hosts2")
     jumped = resolve("viajump")
     assert jumped.proxy_jump is not None and jumped.proxy_jump.port == sshd.port
     chain = resolve("x", proxy_jump="testbox,u@10.0.0.5:2200")

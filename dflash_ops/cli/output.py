@@ -57,6 +57,9 @@ def write_bytes(data: bytes) -> None:
 def setup_logging(verbose: bool) -> None:
     if not verbose:
         logging.getLogger().setLevel(logging.WARNING)
+        # paramiko logs a dropped or non-SSH peer as ERROR lines and tracebacks; the error
+        # that reaches the user already says what happened, so those lines only with --verbose.
+        logging.getLogger("paramiko").setLevel(logging.CRITICAL + 1)
         return
     handler: logging.Handler
     if err.is_terminal:
