@@ -132,3 +132,10 @@ class EvaluationError(DflashError):
     """`dflash eval` could not start, or the evaluator at the place failed."""
 
     hint = "Check the path at the place, then run again (dflash checkpoints lists the runs)."
+
+
+class TrainConfigInvalid(DflashError):
+    """The trainer's own check (`python -m trainer.check`) refused the `[train]` settings at
+    the place; nothing there was changed."""
+
+    hint = "Fix [train] in deploy.toml, then run dflash doctor (it runs the same check)."

@@ -116,8 +116,9 @@ def check_target(config: TrainConfig) -> str:
 # ---- the data --------------------------------------------------------------------------------
 
 
-def check_data(config: TrainConfig, *, lines: int) -> str:
-    """data.path: its format, and its first `lines` lines as the loader parses them."""
+def check_data(config: TrainConfig, *, lines: int, render: bool = True) -> str:
+    """data.path: its format, and its first `lines` lines as the loader parses them; chat and
+    text lines also rendered with the target's tokenizer (`render`, when the target is good)."""
     from trainer.formats import check_head
 
     path = config.data.path
@@ -125,6 +126,8 @@ def check_data(config: TrainConfig, *, lines: int) -> str:
         fmt, head = check_head(path, lines=lines)
     except TrainConfigError as exc:
         raise fail("data.path", _message(exc), exc.hint) from exc
+    if not render:
+        return f"data {path}: {fmt.name} JSONL, the first {len(head)} lines parse"
     if not fmt.needs_tokenizer:
         _check_ids(config, head)
         return f"data {path}: {fmt.name} JSONL, the first {len(head)} lines parse"
@@ -216,26 +219,26 @@ def _message(exc: TrainConfigError) -> str:
 def run_checks(
     config: TrainConfig, *, lines: int = DEFAULT_LINES
 ) -> tuple[list[str], list[Problem]]:
-    """(summary lines, problems): every part is checked, a failed target skips the data's
-    tokenizer step (it needs the target folder)."""
+    """(summary lines, problems): every part is checked; with a bad target the data's lines
+    are parsed but not rendered (the tokenizer and the vocabulary come from the target)."""
     if config.demo.enabled:
         return ["demo: the run builds its own tiny target and data (nothing to check)"], []
-    parts: list[Callable[[], str]] = [
-        lambda: check_target(config),
-        lambda: check_data(config, lines=lines),
-        lambda: check_eval(config),
-    ]
-    summary, problems = [], []
-    for part in parts:
+    summary: list[str] = []
+    problems: list[Problem] = []
+
+    def part(check: Callable[[], str]) -> bool:
         try:
-            line = part()
+            line = check()
         except CheckFailed as exc:
             problems.append(exc.problem)
-            if exc.problem.key == "model.target":
-                break  # the data's tokenizer and template come from the target
-            continue
+            return False
         if line:
             summary.append(line)
+        return True
+
+    target_ok = part(lambda: check_target(config))
+    part(lambda: check_data(config, lines=lines, render=target_ok))
+    part(lambda: check_eval(config))
     return summary, problems
 
 
