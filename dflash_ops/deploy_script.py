@@ -219,7 +219,8 @@ class DeployPlan:
 
 def argv(plan: DeployPlan, steps: Steps, owner: Owner, *, mode: str, archive: str) -> list[str]:
     probe = python_probe_argv(plan.setup)
-    checker = train_check.check_argv(plan.setup) if steps.preflight and steps.bundle else []
+    checks = steps.preflight and steps.bundle is not None and train_check.applies(plan.setup)
+    checker = train_check.check_argv(plan.setup) if checks else []
     return [
         "bash", "-c", SCRIPT, "dflash-" + steps.doing,
         plan.releases.root, release.checked_id(steps.release) if steps.release else "",

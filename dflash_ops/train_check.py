@@ -24,6 +24,12 @@ NAME = "train config"
 CHECK_TIMEOUT = 300.0  # a chat file loads the target's tokenizer (transformers, torch)
 
 
+def applies(setup: Setup) -> bool:
+    """Whether `[train]` is the trainer's config: always, except an empty `[train]` beside a
+    `[job] command` (that command may give the trainer its settings some other way)."""
+    return bool(setup.train) or setup.job.command is None
+
+
 def check_argv(setup: Setup) -> list[str]:
     """The job's python running the check of the release's `train.toml`."""
     return job_argv(setup, [setup.target.python, "-m", "trainer.check", "--config", TRAIN_CONFIG])
@@ -57,6 +63,8 @@ def check_train_config(setup: Setup, place: Place, _: Findings) -> Check:
     """Ship trainer/ and the `[train]` table as train.toml to a scratch folder next to the
     releases, and run the check there with the job's python."""
     trainer = (setup.project_dir or Path.cwd()) / "trainer"
+    if not applies(setup):
+        return passed(NAME, "[train] is empty and [job] command runs: nothing to check")
     if not (trainer / "check.py").is_file() and setup.job.command is not None:
         return passed(NAME, "no trainer/ in the project: [job] command runs instead")
     if not (trainer / "check.py").is_file():

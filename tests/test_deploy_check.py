@@ -138,6 +138,9 @@ def test_a_bad_data_line_or_a_missing_file_fails_the_deploy(target: Path, tmp_pa
         err = refused(where, train_table(target, missing))
         assert f"[train] data.path: {missing} does not exist" in err and "free space" not in err
         assert snapshot(where) == before
+        configure(where, "")  # a [job] command and no [train]: nothing for the trainer to check
+        result = where.run("deploy", *where.flags)
+        assert result.returncode == 0, result.stderr
     finally:
         kill_tmux_server(where.socket)
 
