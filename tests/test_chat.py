@@ -191,3 +191,27 @@ def test_prepare_writes_what_training_reads(tmp_path: Path) -> None:
     out = tmp_path / "tokens.jsonl"
     assert prepare(data, folder, out, emit=lambda _: None) == 2
     assert load_samples(out) == load_samples(data, tokenizer_dir=folder, template=DEFAULT_TEMPLATE)
+
+
+def test_the_trainer_trains_on_a_chat_file_and_caches_it_next_to_the_run(tmp_path: Path) -> None:
+    from trainer.config import DemoConfig, config_from_dict
+    from trainer.demo import build_target
+    from trainer.trainer import Trainer
+
+    folder = tokenizer_dir(tmp_path)
+    build_target(folder, DemoConfig(enabled=True, num_layers=4))
+    rows = [chat(f"question {i}", f"answer number {i}", "more?", f"yes {i}") for i in range(4)]
+    data = write_jsonl(tmp_path / "chat.jsonl", rows)
+    cfg = config_from_dict(
+        {
+            "model": {"target": str(folder), "num_layers": 1, "block_size": 4},
+            "data": {"path": str(data), "batch_size": 2, "max_len": 64, "num_anchors": 4},
+            "run": {"steps": 2, "device": "cpu", "checkpoint_every": 0},
+        }
+    )
+    said: list[str] = []
+    results = Trainer(cfg, tmp_path / "run" / "out", emit=said.append).run()
+    assert len(results) == 2 and all(r.loss == r.loss for r in results)
+    assert any(s.startswith(f"data {data} (chat): 4 samples") for s in said)
+    (cached,) = (tmp_path / "run" / "data-cache").glob("chat-*.jsonl")
+    assert load_samples(cached) == load_samples(data, tokenizer_dir=folder)
