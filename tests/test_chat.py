@@ -8,6 +8,7 @@ turn only; `enable_thinking` reaches the template; bad lines are dropped with fi
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -174,15 +175,24 @@ def test_the_cache_is_reused_until_the_source_or_the_tokenizer_changes(tmp_path:
     assert said.startswith(f"data cache: wrote {cache}/chat-")
     again, said = load()
     assert again == first and said.startswith("data cache: reused")
+    memo = json.loads((cache / "chat.source.json").read_text())  # size + mtime → sha256
+    assert memo["size"] == data.stat().st_size and len(memo["sha256"]) == 64
     write_jsonl(data, [chat("hi", "hello there")])
     changed, said = load()
     assert said.startswith("data cache: wrote") and changed != first
+    size = data.stat().st_size
+    write_jsonl(data, [chat("hi", "hello where")])  # same size, new content and mtime
+    mtime = data.stat().st_mtime_ns + 10**9
+    os.utime(data, ns=(mtime, mtime))
+    assert data.stat().st_size == size
+    same_size, said = load()
+    assert said.startswith("data cache: wrote") and same_size != changed
     tok = load_tokenizer(folder)
     tok.chat_template = tok.chat_template.replace("<|im_start|>", "<|im_start|> ")
     tok.save_pretrained(str(folder))
     _, said = load()
     assert said.startswith("data cache: wrote")
-    assert len(list(cache.glob("*.jsonl"))) == 3
+    assert len(list(cache.glob("*.jsonl"))) == 4
 
 
 def test_prepare_writes_what_training_reads(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ including that turn, supervised on that turn only — so every turn is trained a
 renders it when that turn is the one being generated.
 
 The cache (`<cache_dir>/<stem>-<key>.jsonl`, tokenized JSONL, and `.report.json` beside it) is
-keyed on the source's size and content hash, the tokenizer's files and the template options;
-any change writes a new one. Concurrent ranks take a file lock: one tokenizes, the others read.
+keyed on the source's size and content hash (re-read only when its size or mtime changed), the
+tokenizer's files and the template options; any change writes a new one. Concurrent ranks take a file lock: one tokenizes, the others read.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def cached_samples(
     the tokenizer and the options are unchanged."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    key = cache_key(path, fmt, tokenizer_dir, options)
+    key = cache_key(path, fmt, tokenizer_dir, options, cache_dir=cache_dir)
     stem = cache_dir / f"{Path(path).stem}-{key}"
     data, meta = stem.with_suffix(".jsonl"), stem.with_suffix(".report.json")
     with open(stem.with_suffix(".lock"), "w") as lock:
@@ -185,24 +185,49 @@ def cached_samples(
 
 
 def cache_key(
-    path: str | Path, fmt: Format, tokenizer_dir: str | Path, options: TemplateOptions
+    path: str | Path,
+    fmt: Format,
+    tokenizer_dir: str | Path,
+    options: TemplateOptions,
+    *,
+    cache_dir: Path | None = None,
 ) -> str:
+    """A digest of the source (size and content), the tokenizer's files and the options."""
     h = hashlib.sha256()
     h.update(json.dumps([CACHE_VERSION, fmt.name, asdict(options)]).encode())
-    source = Path(path)
-    h.update(str(source.stat().st_size).encode())
-    _hash_file(h, source)
+    h.update(source_digest(Path(path), cache_dir).encode())
     for f in sorted(Path(tokenizer_dir).iterdir()):
         if f.is_file() and (f.name.startswith(_TOKENIZER_FILES) or f.suffix in _TOKENIZER_EXTS):
             h.update(f.name.encode())
-            _hash_file(h, f)
+            h.update(_sha256(f).encode())
     return h.hexdigest()[:16]
 
 
-def _hash_file(h: Any, path: Path) -> None:
+def source_digest(path: Path, cache_dir: Path | None) -> str:
+    """`size:sha256` of the source. A memo in `cache_dir` keyed on the path, size and mtime
+    spares re-reading a large file on every start (and on every rank)."""
+    stat = path.stat()
+    seen = {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    memo = cache_dir / f"{path.stem}.source.json" if cache_dir is not None else None
+    if memo is not None and memo.is_file():
+        try:
+            known = json.loads(memo.read_text())
+        except ValueError:
+            known = {}
+        if {k: known.get(k) for k in seen} == seen and isinstance(known.get("sha256"), str):
+            return f"{stat.st_size}:{known['sha256']}"
+    digest = _sha256(path)
+    if memo is not None:
+        _write_atomic(memo, lambda p: p.write_text(json.dumps({**seen, "sha256": digest})))
+    return f"{stat.st_size}:{digest}"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(1 << 20):
             h.update(chunk)
+    return h.hexdigest()
 
 
 def _write_atomic(path: Path, write: Any) -> None:
