@@ -10,7 +10,8 @@ renders it when that turn is the one being generated.
 
 The cache (`<cache_dir>/<stem>-<key>.jsonl`, tokenized JSONL, and `.report.json` beside it) is
 keyed on the source's size and content hash (re-read only when its size or mtime changed), the
-tokenizer's files and the template options; any change writes a new one. Concurrent ranks take a file lock: one tokenizes, the others read.
+tokenizer's files and the template options; any change writes a new one. Concurrent ranks take
+a file lock: one tokenizes, the others read what it wrote.
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ from trainer.config import DataConfig, TrainConfig, TrainConfigError
 from trainer.formats import (
     DataFileError,
     DataReport,
-    Format,
     Sample,
     detect,
     read_tokenized,
@@ -76,8 +75,9 @@ def load_samples(
     Chat and text files are tokenized with the tokenizer in `tokenizer_dir` (the target's
     folder), through the cache in `cache_dir` when given. Lines that do not parse are dropped;
     the report (samples, supervised tokens, truncated, dropped with file:line) goes to `emit`."""
-    fmt = detect(path)
-    samples, report = _read(path, fmt, tokenizer_dir, template, cache_dir)
+    samples, report = read_source(
+        path, tokenizer_dir=tokenizer_dir, template=template, cache_dir=cache_dir
+    )
     samples = truncate(samples, report, max_len)
     for line in report.lines():
         (emit or log.info)(line)
@@ -87,13 +87,16 @@ def load_samples(
     return samples
 
 
-def _read(
+def read_source(
     path: str | Path,
-    fmt: Format,
+    *,
     tokenizer_dir: str | Path | None,
     template: TemplateOptions,
     cache_dir: str | Path | None,
 ) -> tuple[list[Sample], DataReport]:
+    """The one dispatch from what `path` is (`formats.detect`) to the reader of that format;
+    another kind of source is one more `Format` there and one more branch here."""
+    fmt = detect(path)
     if not fmt.needs_tokenizer:
         return read_tokenized(path)
     if not tokenizer_dir:
