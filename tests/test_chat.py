@@ -225,3 +225,16 @@ def test_the_trainer_trains_on_a_chat_file_and_caches_it_next_to_the_run(tmp_pat
     assert any(s.startswith(f"data {data} (chat): 4 samples") for s in said)
     (cached,) = (tmp_path / "run" / "data-cache").glob("chat-*.jsonl")
     assert load_samples(cached) == load_samples(data, tokenizer_dir=folder)
+
+
+def test_eval_prompts_from_chat_lines_use_the_same_template_options(tmp_path: Path) -> None:
+    from trainer.evaluate import load_prompts
+
+    folder = tokenizer_dir(tmp_path, THINKING)
+    data = write_jsonl(tmp_path / "prompts.jsonl", [chat("q", "a")])
+    off = TemplateOptions(enable_thinking=False, system_prompt="be brief")
+    (prompt,) = load_prompts(data, tokenizer_dir=folder, template=off)
+    assert load_tokenizer(folder).decode(prompt) == (
+        "<|im_start|>system\nbe brief" + END + "<|im_start|>user\nq" + END
+        + "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )  # fmt: skip
