@@ -91,7 +91,7 @@ if [ -n "$id" ]; then
   if [ "$unpack" = 1 ]; then
     say step unpack
     dflash_unpack "$root" "$id" || fail $?
-    if [ "${#checker[@]}" -gt 0 ] && [ -d "$root/releases/$id.tmp/trainer" ]; then
+    if [ "${#checker[@]}" -gt 0 ] && [ -f "$root/releases/$id.tmp/trainer/check.py" ]; then
       say step check
       out=$(cd -- "$root/releases/$id.tmp" && "${checker[@]}" 2>&1); rc=$?
       if [ "$rc" != 0 ]; then
