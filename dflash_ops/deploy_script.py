@@ -21,8 +21,10 @@ says which of them a command does):
    then waits, takes over a stale lock or forces it with `DeployLock.acquire` (whose judgement
    needs this machine: the holder's pid and clock) and runs the command once more in `held`
    mode. From here an EXIT trap releases the lock (only if it is still ours).
-3. `unpack`, `switch`, `prune` (deploy; rollback: `switch` only) — `releases/<id>.tmp` →
-   marker → rename → `current` → keep the last KEEP. Restart instead reads `current`.
+3. `unpack`, `check`, `switch`, `prune` (deploy; rollback: `switch` only) —
+   `releases/<id>.tmp` → the trainer's own check of its `train.toml` (`train_check`; a failure
+   removes the `.tmp` and exits 1 with the check's lines as `check<TAB>LINE`: nothing else has
+   changed) → marker → rename → `current` → keep the last KEEP. Restart instead reads `current`.
 4. `stop` — the running job: SIGINT, SIGTERM, SIGKILL, end the session.
 5. `archive` — the checkpoints into `archive/<time>` (deploy without `--resume`, restart
    `--clean`).
@@ -42,7 +44,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dflash_ops import checkpoints, doctor, job, lock, release
+from dflash_ops import checkpoints, doctor, job, lock, release, train_check
 from dflash_ops.checks import Findings, Setup, judge_python, judge_tmux, python_probe_argv
 from dflash_ops.errors import DflashError, RemoteCommandFailed
 from dflash_ops.job import Job, JobState
@@ -60,6 +62,7 @@ fail() { say failed "$1"; exit 1; }
 root=$1 id=$2 unpack=$3 keep=$4 lock=$5 owner=$6 mode=$7 ckpt=$8 dest=$9 check=${10} run=${11}
 shift 11
 probe=("${@:2:$1}"); shift $(($1 + 1))
+checker=("${@:2:$1}"); shift $(($1 + 1))
 stop=("${@:1:5}"); shift 5
 # "$@" is now dflash_job_start's arguments.
 
@@ -88,6 +91,15 @@ if [ -n "$id" ]; then
   if [ "$unpack" = 1 ]; then
     say step unpack
     dflash_unpack "$root" "$id" || fail $?
+    if [ "${#checker[@]}" -gt 0 ] && [ -f "$root/releases/$id.tmp/trainer/check.py" ]; then
+      say step check
+      out=$(cd -- "$root/releases/$id.tmp" && "${checker[@]}" 2>&1); rc=$?
+      if [ "$rc" != 0 ]; then
+        rm -rf -- "$root/releases/$id.tmp"
+        while IFS= read -r l; do say check "$l"; done <<< "$out"
+        fail "$rc"
+      fi
+    fi
   fi
   say step switch
   names=$(dflash_switch "$root" "$id") || fail $?
@@ -172,7 +184,7 @@ class Steps:
     bundle: Bundle | None = None  # unpack it, switch to it, prune
     switch_to: str | None = None  # switch to this complete release (no unpack, no prune)
     archive: bool = False  # archive the checkpoints after the stop
-    preflight: bool = False  # tmux and python first
+    preflight: bool = False  # tmux and python first; a bundle's train.toml before the switch
     start: bool = True  # start the job (of `current`) at the end
 
     @property
@@ -207,6 +219,8 @@ class DeployPlan:
 
 def argv(plan: DeployPlan, steps: Steps, owner: Owner, *, mode: str, archive: str) -> list[str]:
     probe = python_probe_argv(plan.setup)
+    checks = steps.preflight and steps.bundle is not None and train_check.applies(plan.setup)
+    checker = train_check.check_argv(plan.setup) if checks else []
     return [
         "bash", "-c", SCRIPT, "dflash-" + steps.doing,
         plan.releases.root, release.checked_id(steps.release) if steps.release else "",
@@ -214,6 +228,7 @@ def argv(plan: DeployPlan, steps: Steps, owner: Owner, *, mode: str, archive: st
         plan.lock.path, owner.text(), mode, plan.checkpoints.path, archive,
         _flag(steps.preflight), _flag(steps.start),
         str(len(probe)), *probe,
+        str(len(checker)), *checker,
         *plan.job.stop_args(),
         *plan.job.start_args(plan.launch, cwd=plan.cwd, env=plan.env),
     ]  # fmt: skip
@@ -288,6 +303,8 @@ def _error(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError:
         # raises the place's own error when the place is what went away.
         plan.job.state()
     code = int(status) if status and status.isdigit() else outcome.exit_code
+    if step == "check":
+        return train_check.invalid(where, code, outcome.facts.get("check", []))
     if step == "unpack" and steps.bundle is not None:
         return plan.releases.unpack_failed(steps.bundle.release_id, stderr)
     if step == "switch" and steps.release is not None:

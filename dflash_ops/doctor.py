@@ -11,6 +11,7 @@ Order and dependencies:
 
     reachable (ssh/proxmox) → container (proxmox) → tmux, python → torch → cuda → gpu count
                                                   → checkpoints, target model
+                                         python → train config (trainer.check on the bundle)
                                                   → smoke (torch; ships trainer/ to a scratch folder)
 """
 
@@ -41,6 +42,7 @@ from dflash_ops.config import Target
 from dflash_ops.errors import DflashError
 from dflash_ops.place import Place
 from dflash_ops.smoke import check_smoke, smoke_check
+from dflash_ops.train_check import check_train_config
 from dflash_ops.workspace import Workspace
 
 __all__ = ["DEFAULT_MIN_FREE_GIB", "Check", "Setup", "diagnose", "preflight", "smoke_check"]
@@ -82,6 +84,7 @@ def plan(target: Target, *, gpu_smoke: bool = True, cheap: bool = False) -> list
         Step("gpu count", check_gpu_count, (*base, "python", "torch", "cuda")),
         Step("checkpoints", check_checkpoints, base),
         Step("target model", check_model, base),
+        Step("train config", check_train_config, (*base, "python")),
     ]
     if gpu_smoke:
         steps.append(Step("gpu smoke test", check_smoke, (*base, "python", "torch")))

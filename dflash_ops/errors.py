@@ -171,3 +171,10 @@ class NotAnSSHServer(ConnectionFailed):
     """Something answered on the port, but not an SSH server."""
 
     hint = "Check the port: is it the SSH server's (Port in ~/.ssh/config, --port)?"
+
+
+class TrainConfigInvalid(DflashError):
+    """The trainer's own check (`python -m trainer.check`) refused the `[train]` settings at
+    the place; nothing there was changed."""
+
+    hint = "Fix [train] in deploy.toml, then run dflash doctor (it runs the same check)."

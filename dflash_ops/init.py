@@ -40,6 +40,7 @@ class InitPlan:
     ct: int | None = None
     gpus: GpuInfo
     model: str | None = None
+    data: str | None = None  # training data at the place (with `model`)
 
 
 def count_gpus(place: Place) -> GpuInfo:
@@ -141,7 +142,18 @@ def render(plan: InitPlan) -> str:
             "",
             "[train.model]",
             _line(f"target = {_toml_str(plan.model)}", "save_pretrained folder at the place"),
+            "",
+            "[train.data]",
         ]
+        if plan.data:
+            lines.append(_line(f"path = {_toml_str(plan.data)}", _DATA_COMMENT))
+        else:
+            lines += [
+                "# data.path is required: the check (dflash doctor, every deploy) refuses",
+                "# the config until it is set.",
+                _line('# path = "/data/chat.jsonl"', _DATA_COMMENT),
+            ]
+        lines.append(_line("# enable_thinking = false", "chat template option, as served"))
     else:
         lines += [
             _line("demo = true", "a tiny random target built on the spot"),
@@ -150,6 +162,9 @@ def render(plan: InitPlan) -> str:
             _line('# target = "/models/Qwen3-8B"', "save_pretrained folder at the place"),
         ]
     return "\n".join(lines) + "\n"
+
+
+_DATA_COMMENT = "chat, text or tokenized JSONL at the place"
 
 
 def check_target_file(path: Path, *, force: bool = False) -> None:

@@ -11,13 +11,14 @@ import io
 import json
 import secrets
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dflash_ops import shell
 from dflash_ops.checks import Check, Findings, Setup, failed, job_argv, last_line, passed
 from dflash_ops.place import Place
+from dflash_ops.transport import Result
 
 SMOKE_TIMEOUT = 300.0
 
@@ -26,10 +27,15 @@ _SMOKE_UNPACK = 'set -e\nmkdir -p -- "$1"\nexec tar -x --no-same-owner -C "$1" -
 _IN_FOLDER = 'cd -- "$1" || exit 126\nshift\nexec "$@"\n'
 
 
-def trainer_tar(trainer: Path) -> bytes:
-    """`trainer/`'s Python files as a tar (caches and bytecode left out)."""
+def trainer_tar(trainer: Path, files: Mapping[str, bytes] | None = None) -> bytes:
+    """`trainer/`'s Python files as a tar (caches and bytecode left out), and `files` (name →
+    content) beside it."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in (files or {}).items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
         for path in sorted(trainer.rglob("*.py")):
             if "__pycache__" in path.parts:
                 continue
@@ -52,18 +58,8 @@ def check_smoke(setup: Setup, place: Place, _: Findings) -> Check:
             "Run dflash doctor in the project folder (next to deploy.toml and trainer/).",
         )
     scratch = shell.remote_path(f"{setup.target.root}/doctor/{secrets.token_hex(4)}")
-    try:
-        place.run(
-            ["bash", "-c", _SMOKE_UNPACK, "dflash-doctor", scratch], stdin=trainer_tar(trainer)
-        )
-        argv = job_argv(setup, [setup.target.python, "-m", "trainer.smoke", "--json"])
-        result = place.run(
-            ["bash", "-c", _IN_FOLDER, "dflash-doctor", scratch, *argv],
-            check=False,
-            timeout=SMOKE_TIMEOUT,
-        )
-    finally:
-        place.run(["rm", "-rf", "--", scratch], check=False)
+    argv = job_argv(setup, [setup.target.python, "-m", "trainer.smoke", "--json"])
+    result = run_in_scratch(place, scratch, trainer_tar(trainer), argv, timeout=SMOKE_TIMEOUT)
     lines = result.stdout_text.strip().splitlines()
     try:
         report = json.loads(lines[-1])
@@ -74,6 +70,21 @@ def check_smoke(setup: Setup, place: Place, _: Findings) -> Check:
             "Run it by hand at the place for the full output: python -m trainer.smoke",
         )
     return smoke_check(report, gpus=setup.job.gpus)
+
+
+def run_in_scratch(
+    place: Place, scratch: str, tar: bytes, argv: Sequence[str], *, timeout: float
+) -> Result:
+    """Unpack `tar` into `scratch` at the place, run `argv` there, remove `scratch` again."""
+    try:
+        place.run(["bash", "-c", _SMOKE_UNPACK, "dflash-doctor", scratch], stdin=tar)
+        return place.run(
+            ["bash", "-c", _IN_FOLDER, "dflash-doctor", scratch, *argv],
+            check=False,
+            timeout=timeout,
+        )
+    finally:
+        place.run(["rm", "-rf", "--", scratch], check=False)
 
 
 def smoke_check(report: Mapping[str, Any], *, gpus: int) -> Check:

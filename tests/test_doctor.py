@@ -84,11 +84,13 @@ def test_local_place_passes_every_check_with_the_cpu_smoke_test(tmp_path):
     report = json.loads(result.stdout)
     checks = {c["name"]: c for c in report["checks"]}
     assert set(checks) == {
-        "tmux", "python", "torch", "cuda", "gpu count", "checkpoints", "target model", "gpu smoke test",
+        "tmux", "python", "torch", "cuda", "gpu count", "checkpoints", "target model",
+        "train config", "gpu smoke test",
     }  # fmt: skip
     assert all(c["ok"] and c["status"] == "passed" and c["fix"] == "" for c in checks.values())
     assert torch.__version__ in checks["torch"]["detail"]
     assert "demo" in checks["target model"]["detail"]
+    assert "demo" in checks["train config"]["detail"]
     smoke = checks["gpu smoke test"]["detail"]
     assert ("cpu" in smoke) != torch.cuda.is_available()
     assert (tmp_path / "ckpt").is_dir()
@@ -107,7 +109,8 @@ def test_human_output_marks_each_line_and_exit_code_is_1_on_failure(tmp_path):
     assert "✓ tmux" in result.stdout
     assert "✗ target model" in result.stdout
     assert "fix:" in result.stdout and "[train.model] target" in result.stdout
-    assert "1 check(s) failed" in result.stderr
+    assert "✗ train config: [train] data.path: set the training data file" in result.stdout
+    assert "2 check(s) failed" in result.stderr
 
 
 def tools_without(tmp_path: Path, *hidden: str) -> str:

@@ -71,7 +71,7 @@ def test_gpu_count_is_read_from_the_place_and_split(tmp_path):
     assert result.returncode == 0, result.stderr
     config, _ = loaded(tmp_path / "deploy.toml")
     assert (config.job.gpus, config.job.target_gpus) == (8, 5)
-    assert config.train == {"model": {"target": "/models/Qwen3 8B"}}
+    assert config.train == {"model": {"target": "/models/Qwen3 8B"}, "data": {}}  # path to set
     assert "8 × NVIDIA H200" in (tmp_path / "deploy.toml").read_text()
 
 
@@ -148,3 +148,45 @@ def test_rendered_file_always_loads(tmp_path_factory, gpus, model):
     assert config.job.target_gpus == init.suggest_split(gpus)
     if model is not None:
         assert config.train["model"]["target"] == model
+
+
+def trainer_check(config: Path) -> subprocess.CompletedProcess[str]:
+    """The trainer's own check of the written file (as deploy and doctor run it)."""
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.check", "--config", str(config)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_init_with_model_and_data_writes_a_config_that_passes_the_check(tmp_path):
+    from trainer.config import DemoConfig
+    from trainer.demo import build_target, build_tokenizer
+    from trainer.formats import Sample, write_samples
+
+    model, data = tmp_path / "model", tmp_path / "train.jsonl"
+    build_target(model, DemoConfig(enabled=True, num_layers=4))
+    build_tokenizer(model)
+    write_samples(data, [Sample([1, 2, 3], [False, True, True])])
+    result = dflash(tmp_path, "init", "--model", str(model), "--data", str(data))
+    assert result.returncode == 0, result.stderr
+    assert "data.path is not set" not in result.stderr + result.stdout
+    config, _ = loaded(tmp_path / "deploy.toml")
+    assert config.train["data"] == {"path": str(data)}
+    check = trainer_check(tmp_path / "deploy.toml")
+    assert check.returncode == 0, check.stderr
+    assert f"ok: data {data}: tokenized JSONL" in check.stdout
+
+
+def test_init_without_data_leaves_a_placeholder_the_check_flags(tmp_path):
+    result = dflash(tmp_path, "init", "--model", "/models/m")
+    assert result.returncode == 0, result.stderr
+    assert "data.path is not set" in result.stderr + result.stdout
+    assert '# path = "/data/chat.jsonl"' in (tmp_path / "deploy.toml").read_text()
+    check = trainer_check(tmp_path / "deploy.toml")
+    assert check.returncode == 2 and "data.path: set the training data file" in check.stderr
+    (tmp_path / "other").mkdir()
+    refused = dflash(tmp_path / "other", "init", "--data", "/d.jsonl")
+    assert refused.returncode == 1 and "--data needs --model" in refused.stderr

@@ -101,3 +101,16 @@ def test_demo_alone_is_the_demo_config(tmp_path) -> None:
     assert load_config(path) == load_config(demo_toml)
     cfg = load_config(path, ["run.steps=5", "model.block_size=4"])
     assert cfg.run.steps == 5 and cfg.model.block_size == 4 and cfg.run.device == "cpu"
+
+
+def test_template_options_tie_checkpoints_only_when_set() -> None:
+    """Checkpoints written before data.enable_thinking/system_prompt existed still resume while
+    those keys keep their defaults; setting one changes the model/data settings."""
+    from trainer.config import config_from_dict
+
+    base = {"model": {"target": "/m"}, "data": {"path": "/d.jsonl"}}
+    plain = config_from_dict(base)
+    assert not {"data.enable_thinking", "data.system_prompt"} & set(plain.model_data_settings())
+    thinking = config_from_dict(base, ["data.enable_thinking=false"])
+    assert thinking.model_data_settings()["data.enable_thinking"] is False
+    assert thinking.model_data_hash() != plain.model_data_hash()

@@ -77,7 +77,7 @@ class ModelConfig:
 class DataConfig:
     """Tokenized samples, how anchors are drawn, and how batches are shaped."""
 
-    path: str = ""  # tokenized JSONL: {"input_ids": [...], "loss_mask": [...]}
+    path: str = ""  # JSONL of chats ("messages"), text ("text") or tokens ("input_ids")
     batch_size: int = 1  # sequences per step
     max_len: int = 4096  # longer samples are truncated
     num_anchors: int = 256  # blocks per sequence (padded with invalid blocks)
@@ -86,6 +86,8 @@ class DataConfig:
     shuffle: bool = True
     pad_token_id: int = 0
     holdout: int = 0  # the last N samples are not trained on (the default eval prompts)
+    enable_thinking: bool | None = None  # chat template option; None: the template's default
+    system_prompt: str = ""  # chat data: the system message of conversations without one
 
     def __post_init__(self) -> None:
         _positive("data.batch_size", self.batch_size)
@@ -256,7 +258,9 @@ class TrainConfig:
             if not self.model.target:
                 raise TrainConfigError("model.target", "set the target's local folder")
             if not self.data.path:
-                raise TrainConfigError("data.path", "set the tokenized JSONL file")
+                raise TrainConfigError(
+                    "data.path", "set the training data file (chat, text or tokenized JSONL)"
+                )
         if self.data.max_len <= self.model.block_size:
             raise TrainConfigError("data.max_len", "must exceed model.block_size")
         if self.eval.every and not self.eval.prompts and not self.data.holdout:
@@ -273,12 +277,19 @@ class TrainConfig:
         )
         for key in ("model.target", "data.path"):
             flat[key] = Path(str(flat[key])).name
+        for key, default in _ADDED_LATER.items():  # checkpoints written before them still match
+            if flat.get(key) == default:
+                del flat[key]
         return flat
 
     def model_data_hash(self) -> str:
         blob = json.dumps(self.model_data_settings(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
+
+# Model/data keys added after checkpoints were written without them: left out of the settings a
+# checkpoint is tied to while they keep their default, so those checkpoints still resume.
+_ADDED_LATER: dict[str, Any] = {"data.enable_thinking": None, "data.system_prompt": ""}
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,

@@ -1,4 +1,6 @@
-"""Training data: tokenized JSONL, chat JSONL → tokenized (`prepare`), anchors, labels, batches.
+"""Training data: `data.path` in any supported format → samples (`load_samples`), anchors,
+labels, batches. Formats and their parsers: `trainer.formats`; chat/text tokenizing and its
+cache: `trainer.chat`; `python -m trainer.data` prepares tokenized JSONL ahead of time.
 
 Alignment (the off-by-one that public trainers get wrong), for a block anchored at position p:
 - the block's tokens are `[x_p, MASK, …, MASK]` at positions p … p+B−1;
@@ -12,24 +14,35 @@ sample on (seed, epoch, index), so a run resumed at (epoch, index) draws exactly
 
 from __future__ import annotations
 
-import json
+import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from trainer.config import DataConfig, TrainConfigError
+from trainer.chat import (
+    DEFAULT_TEMPLATE,
+    TemplateOptions,
+    cached_samples,
+    load_tokenizer,
+    tokenize_file,
+)
+from trainer.config import DataConfig, TrainConfig, TrainConfigError
+from trainer.formats import (
+    DataFileError,
+    DataReport,
+    Sample,
+    detect,
+    read_tokenized,
+    truncate,
+    write_samples,
+)
 
+__all__ = ["Sample", "write_samples", "load_samples", "load_data"]
+log = logging.getLogger("trainer")
 IGNORE = -100
-
-
-@dataclass(frozen=True)
-class Sample:
-    input_ids: list[int]
-    loss_mask: list[bool]
 
 
 @dataclass
@@ -48,42 +61,83 @@ class Batch:
         return int(self.lengths.sum())
 
 
-def load_samples(path: str | Path, *, max_len: int | None = None) -> Sequence[Sample]:
-    """Read tokenized JSONL; each line `{"input_ids": [...], "loss_mask": [...]}` (0/1 or bools).
-    A directory is a shard directory (`trainer.shards`), read memory-mapped, never loaded."""
+def load_samples(
+    path: str | Path,
+    *,
+    max_len: int | None = None,
+    tokenizer_dir: str | Path | None = None,
+    template: TemplateOptions = DEFAULT_TEMPLATE,
+    cache_dir: str | Path | None = None,
+    emit: Callable[[str], None] | None = None,
+) -> Sequence[Sample]:
+    """`path` in whichever format it is (`formats.detect`) → samples cut to `max_len`.
+
+    Chat and text files are tokenized with the tokenizer in `tokenizer_dir` (the target's
+    folder), through the cache in `cache_dir` when given. Lines that do not parse are dropped;
+    the report (samples, supervised tokens, truncated, dropped with file:line) goes to `emit`.
+    A directory is a shard directory (`trainer.shards`, made by `trainer.generate`), read
+    memory-mapped, never loaded."""
     if Path(path).is_dir():
         from trainer.shards import ShardSamples
 
         return ShardSamples(path, max_len=max_len)
-    samples = []
-    with open(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                ids, mask = row["input_ids"], row["loss_mask"]
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ValueError(
-                    f"{path}:{lineno}: expected {{'input_ids': [...], 'loss_mask': [...]}} ({exc})"
-                ) from exc
-            if len(ids) != len(mask):
-                raise ValueError(f"{path}:{lineno}: input_ids and loss_mask differ in length")
-            if max_len is not None:
-                ids, mask = ids[:max_len], mask[:max_len]
-            samples.append(Sample([int(i) for i in ids], [bool(m) for m in mask]))
+    samples, report = read_source(
+        path, tokenizer_dir=tokenizer_dir, template=template, cache_dir=cache_dir
+    )
+    samples = truncate(samples, report, max_len)
+    for line in report.lines():
+        (emit or log.info)(line)
     if not samples:
-        raise ValueError(f"{path}: no samples")
+        first = f"; first dropped line {report.dropped[0].where}: {report.dropped[0].why}"
+        raise DataFileError(f"{path}: no usable sample{first if report.dropped else ''}")
     return samples
 
 
-def write_samples(path: str | Path, samples: Sequence[Sample]) -> None:
-    with open(path, "w") as fh:
-        for s in samples:
-            fh.write(
-                json.dumps({"input_ids": s.input_ids, "loss_mask": [int(m) for m in s.loss_mask]})
-            )
-            fh.write("\n")
+def read_source(
+    path: str | Path,
+    *,
+    tokenizer_dir: str | Path | None,
+    template: TemplateOptions,
+    cache_dir: str | Path | None,
+) -> tuple[list[Sample], DataReport]:
+    """The one dispatch from what `path` is (`formats.detect`) to the reader of that format;
+    another kind of source is one more `Format` there and one more branch here."""
+    fmt = detect(path)
+    if not fmt.needs_tokenizer:
+        return read_tokenized(path)
+    if not tokenizer_dir:
+        raise DataFileError(f"{path}: {fmt.name} lines need the target's tokenizer (model.target)")
+    if cache_dir is None:
+        return tokenize_file(path, fmt, load_tokenizer(tokenizer_dir), template)
+    return cached_samples(
+        path, fmt, tokenizer_dir=tokenizer_dir, options=template, cache_dir=cache_dir
+    )
+
+
+def template_options(config: TrainConfig) -> TemplateOptions:
+    return TemplateOptions(
+        enable_thinking=config.data.enable_thinking, system_prompt=config.data.system_prompt
+    )
+
+
+def cache_dir_for(out_dir: str | Path) -> Path:
+    """Tokenized chat/text data live next to the run folder (an archive of the checkpoints
+    leaves them, and every run of the same data re-uses them)."""
+    return Path(out_dir).resolve().parent / "data-cache"
+
+
+def load_data(
+    config: TrainConfig, out_dir: str | Path, *, emit: Callable[[str], None] | None = None
+) -> Sequence[Sample]:
+    """The run's `data.path` as samples (see `load_samples`), cached next to `out_dir`."""
+    return load_samples(
+        config.data.path,
+        max_len=config.data.max_len,
+        tokenizer_dir=config.model.target or None,
+        template=template_options(config),
+        cache_dir=cache_dir_for(out_dir),
+        emit=emit,
+    )
 
 
 def anchor_candidates(loss_mask: Sequence[bool]) -> list[int]:
@@ -263,37 +317,7 @@ def uniform_noise(
     return ((noise * 2 - 1) * scale).to(dtype)
 
 
-# ---- prepare: chat JSONL → tokenized JSONL -------------------------------------------------
-
-
-def tokenize_chat(
-    tokenizer: Any, messages: list[dict[str, str]], *, max_len: int | None = None
-) -> Sample:
-    """Render `messages` with the tokenizer's chat template; supervise assistant turns only.
-
-    Each assistant turn's span is found by rendering the prefix up to it (with the generation
-    prompt) and the prefix including it; the template must render prefixes as prefixes."""
-
-    def render(msgs: list[dict[str, str]], gen_prompt: bool) -> list[int]:
-        out = tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=gen_prompt)
-        if hasattr(out, "keys") and "input_ids" in out:
-            out = out["input_ids"]
-        return list(out)
-
-    full = render(messages, False)
-    mask = [False] * len(full)
-    for i, msg in enumerate(messages):
-        if msg.get("role") != "assistant":
-            continue
-        start = len(render(messages[:i], True))
-        upto = render(messages[: i + 1], False)
-        if full[: len(upto)] != upto:
-            raise ValueError("the chat template does not render a conversation prefix as a prefix")
-        for j in range(start, len(upto)):
-            mask[j] = True
-    if max_len is not None:
-        full, mask = full[:max_len], mask[:max_len]
-    return Sample(full, mask)
+# ---- prepare: chat or text JSONL → tokenized JSONL ahead of time ------------------------------
 
 
 def prepare(
@@ -302,33 +326,47 @@ def prepare(
     out_path: str | Path,
     *,
     max_len: int | None = None,
+    template: TemplateOptions = DEFAULT_TEMPLATE,
+    emit: Callable[[str], None] = print,
 ) -> int:
-    """Tokenize `{"messages": [{"role", "content"}, …]}` lines with the target's tokenizer and
-    chat template (local folder only) into tokenized JSONL; returns the number of samples."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-    samples = []
-    with open(chat_path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                messages = json.loads(line)["messages"]
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ValueError(
-                    f"{chat_path}:{lineno}: expected {{'messages': [...]}} ({exc})"
-                ) from exc
-            samples.append(tokenize_chat(tokenizer, messages, max_len=max_len))
+    """Tokenize a chat or text JSONL with the target's tokenizer and chat template (local folder
+    only) into tokenized JSONL; returns the number of samples. (Training on the chat file
+    directly does the same, once, into a cache.)"""
+    samples = load_samples(
+        chat_path, max_len=max_len, tokenizer_dir=tokenizer_dir, template=template, emit=emit
+    )
     write_samples(out_path, samples)
     return len(samples)
 
 
-if __name__ == "__main__":  # python -m trainer.data CHAT.jsonl TOKENIZER_DIR OUT.jsonl [MAX_LEN]
+def main(argv: list[str] | None = None) -> int:
+    import argparse
     import sys
 
-    args = sys.argv[1:]
-    if len(args) not in (3, 4):
-        sys.exit("usage: python -m trainer.data CHAT.jsonl TOKENIZER_DIR OUT.jsonl [MAX_LEN]")
-    n = prepare(args[0], args[1], args[2], max_len=int(args[3]) if len(args) == 4 else None)
-    print(f"wrote {n} samples to {args[2]}")
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.data",
+        description="Tokenize chat or text JSONL with the target's tokenizer into tokenized JSONL.",
+    )
+    parser.add_argument("source", help="chat ({'messages': …}) or text ({'text': …}) JSONL")
+    parser.add_argument("tokenizer_dir", help="the target's folder (tokenizer, chat template)")
+    parser.add_argument("out", help="tokenized JSONL to write")
+    parser.add_argument("max_len", nargs="?", type=int, default=None)
+    thinking = parser.add_mutually_exclusive_group()
+    thinking.add_argument("--enable-thinking", dest="thinking", action="store_true", default=None)
+    thinking.add_argument("--disable-thinking", dest="thinking", action="store_false")
+    parser.add_argument("--system-prompt", default="", help="for conversations without one")
+    args = parser.parse_args(argv)
+    template = TemplateOptions(enable_thinking=args.thinking, system_prompt=args.system_prompt)
+    try:
+        n = prepare(
+            args.source, args.tokenizer_dir, args.out, max_len=args.max_len, template=template
+        )
+    except TrainConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {n} samples to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -44,8 +44,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from trainer.chat import DEFAULT_TEMPLATE, TemplateOptions, load_tokenizer, render
 from trainer.config import TrainConfigError
-from trainer.data import Sample, bucket_length
+from trainer.data import Sample, bucket_length, template_options
 from trainer.errors import TrainerError
 from trainer.model import Drafter
 from trainer.target import Target
@@ -361,7 +362,10 @@ class TauProbe:
             return None
         if ev.prompts:
             prompts = load_prompts(
-                ev.prompts, tokenizer_dir=config.model.target, limit=ev.num_prompts
+                ev.prompts,
+                tokenizer_dir=config.model.target,
+                limit=ev.num_prompts,
+                template=template_options(config),
             )
         else:
             prompts = [p for p in map(prompt_of_sample, held_out) if p][: ev.num_prompts]
@@ -394,11 +398,16 @@ def prompt_of_sample(sample: Sample) -> list[int]:
 
 
 def load_prompts(
-    path: str | Path, *, tokenizer_dir: str | Path | None = None, limit: int | None = None
+    path: str | Path,
+    *,
+    tokenizer_dir: str | Path | None = None,
+    limit: int | None = None,
+    template: TemplateOptions = DEFAULT_TEMPLATE,
 ) -> list[list[int]]:
     """Prompts from the training JSONL formats: tokenized lines give their unsupervised prefix;
     chat lines give the conversation up to (without) the last assistant turn, rendered with the
-    target's chat template and the generation prompt (needs `tokenizer_dir`)."""
+    target's chat template, the training data's template options and the generation prompt
+    (needs `tokenizer_dir`)."""
     prompts: list[list[int]] = []
     tokenizer = None
     with open(path) as fh:
@@ -420,7 +429,7 @@ def load_prompts(
             elif isinstance(row, dict) and isinstance(row.get("messages"), list):
                 if tokenizer is None:
                     tokenizer = _tokenizer(tokenizer_dir, where)
-                prompt = _chat_prompt(tokenizer, row["messages"])
+                prompt = _chat_prompt(tokenizer, row["messages"], template)
             else:
                 raise PromptFileError(f"{where}: expected input_ids or messages")
             if not prompt:
@@ -436,18 +445,15 @@ def load_prompts(
 def _tokenizer(folder: str | Path | None, where: str) -> Any:
     if folder is None:
         raise PromptFileError(f"{where}: chat prompts need the target's tokenizer folder")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    return load_tokenizer(folder)
 
 
-def _chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+def _chat_prompt(
+    tokenizer: Any, messages: list[dict[str, str]], template: TemplateOptions
+) -> list[int]:
     if messages and messages[-1].get("role") == "assistant":
         messages = messages[:-1]
-    out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-    if hasattr(out, "keys") and "input_ids" in out:
-        out = out["input_ids"]
-    return [int(t) for t in out]
+    return render(tokenizer, template.messages(messages), template, prompt=True)
 
 
 # ---- checkpoint → drafter, and the entry point ------------------------------------------------
@@ -519,7 +525,12 @@ def run(args: argparse.Namespace) -> EvalReport:
         num_layers=config.model.num_target_layers,
     )
     drafter, step = load_drafter(config, ckpt_path, target)
-    prompts = load_prompts(args.prompts, tokenizer_dir=config.model.target, limit=args.limit)
+    prompts = load_prompts(
+        args.prompts,
+        tokenizer_dir=config.model.target,
+        limit=args.limit,
+        template=template_options(config),
+    )
     log.info("evaluating step %d on %d prompts", step, len(prompts))
     block = DFlashDrafter(
         drafter, embed_weight=target.embed_weight, lm_head_weight=target.lm_head_weight

@@ -103,10 +103,11 @@ def measure_rates(
     drafter_device: torch.device | None = None,
     warmup: int = 2,
     steps: int = 5,
+    out_dir: str | Path = "runs/plan",
 ) -> Rates:
     """Time each role alone on the configured model and batches (see the module docstring).
     `target`: an already loaded `trainer.target.Target` (else `model.target` is loaded)."""
-    from trainer.data import BatchStream, load_samples
+    from trainer.data import BatchStream, load_data
     from trainer.pipeline import DrafterWorker, TargetWorker
     from trainer.target import load_target
     from trainer.trainer import resolve_device
@@ -122,7 +123,7 @@ def measure_rates(
             m.target, device=tdev, layers=m.target_layers, num_layers=m.num_target_layers
         )
     stream = BatchStream(
-        load_samples(config.data.path, max_len=config.data.max_len),
+        load_data(config, out_dir),
         config.data,
         block_size=m.block_size,
         seed=config.run.seed,
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         if config.run.threads:
             torch.set_num_threads(config.run.threads)
         gpus = args.gpus if args.gpus is not None else max(1, torch.cuda.device_count())
-        rates = measure_rates(config, warmup=args.warmup, steps=args.steps)
+        rates = measure_rates(config, warmup=args.warmup, steps=args.steps, out_dir=args.out)
     except TrainerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -38,7 +38,7 @@ import torch
 
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
-from trainer.data import BatchStream, DataPosition, load_samples, repeat_note
+from trainer.data import BatchStream, DataPosition, load_data, repeat_note
 from trainer.distributed import DRAFTER, TARGET, PeerFailed, Roles, Session, TerminationWatch
 from trainer.exchange import DrafterEndpoint, TargetEndpoint, share_frozen
 from trainer.metrics import RankStats, RoleMetrics
@@ -121,7 +121,7 @@ def run_split(
         if config.run.threads:
             torch.set_num_threads(config.run.threads)
         if roles.role == TARGET:
-            summary = _run_target(session, config, emit, target_loader)
+            summary = _run_target(session, config, out_dir, emit, target_loader)
         else:
             summary = _run_drafter(
                 session, config, out_dir, emit, force_resume, save_checkpoints=save_checkpoints
@@ -160,13 +160,17 @@ def _resolve_config(session: Session, config: TrainConfig, out_dir: Path) -> Tra
 
 
 def _run_target(
-    session: Session, config: TrainConfig, emit: Callable[[str], None], loader: TargetLoader
+    session: Session,
+    config: TrainConfig,
+    out_dir: Path,
+    emit: Callable[[str], None],
+    loader: TargetLoader,
 ) -> dict:
     roles, store = session.roles, session.store
     torch.manual_seed(config.run.seed)
     target = loader(config, session.device)
     stream = BatchStream(
-        load_samples(config.data.path, max_len=config.data.max_len),
+        load_data(config, out_dir, emit=emit),
         config.data,
         block_size=config.model.block_size,
         seed=config.run.seed,

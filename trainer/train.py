@@ -21,8 +21,9 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
-from trainer.config import load_config
+from trainer.config import TrainConfig, load_config
 from trainer.errors import TrainerError
 
 
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         config = load_config(args.config, args.overrides)  # fails fast, before torch loads
+        if not preflight(config):  # the target folder and the data, before the target loads
+            return 2
         if split:
             from trainer.distributed import roles_from_env
             from trainer.split import run_split
@@ -71,15 +74,34 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; resume by starting again with the same --out", file=sys.stderr)
         return 130
-    except OSError as exc:  # e.g. a full disk under --out: the complete checkpoints stay valid
-        print(
-            f"error: {exc.strerror or exc} ({exc.filename or args.out}); free space or fix the "
-            f"folder, then start again with the same --out: it resumes from the newest complete "
-            f"checkpoint",
-            file=sys.stderr,
-        )
+    except OSError as exc:
+        print(f"error: {exc.strerror or exc} ({exc.filename or args.out})", file=sys.stderr)
+        print(f"hint: {_os_error_hint(exc, args.out)}", file=sys.stderr)
         return 1
     return 0
+
+
+def preflight(config: TrainConfig) -> bool:
+    """`trainer.check`'s verdict on what the config points at; prints each problem."""
+    from trainer.check import run_checks
+
+    _, problems = run_checks(config)
+    for p in problems:
+        print(f"error: {p.key}: {p.message}", file=sys.stderr)
+        print(f"hint: {p.hint}", file=sys.stderr)
+    return not problems
+
+
+def _os_error_hint(exc: OSError, out: str) -> str:
+    """Under --out (e.g. a full disk) the complete checkpoints stay valid and a new start
+    resumes; anywhere else it is a path of the config to fix."""
+    name = Path(str(exc.filename)).resolve() if exc.filename else None
+    if name is None or Path(out).resolve() in (name, *name.parents):
+        return (
+            "free space or fix the folder, then start again with the same --out: it resumes "
+            "from the newest complete checkpoint"
+        )
+    return "check that path in the config (model.target, data.path, eval.prompts) and start again"
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import torch
 
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig, with_overrides
-from trainer.data import BatchStream, DataPosition, load_samples, repeat_note
+from trainer.data import BatchStream, DataPosition, load_data, repeat_note
 from trainer.evaluate import EvalReport, TauProbe, split_holdout
 from trainer.pipeline import COMPILE_NOTE, DrafterWorker, StepResult, TargetWorker
 from trainer.target import load_target
@@ -79,7 +79,7 @@ class Trainer:
         self.drafter_worker = DrafterWorker.for_target(target, cfg, self.device)
         if self.drafter_worker.compiled:
             self.emit(COMPILE_NOTE)
-        samples = load_samples(cfg.data.path, max_len=cfg.data.max_len)
+        samples = load_data(cfg, self.out_dir, emit=self.emit)
         samples, held_out = split_holdout(samples, cfg.data.holdout)
         self.probe = TauProbe.from_config(cfg, target, held_out)
         self.stream = BatchStream(

@@ -33,6 +33,15 @@ def init_command(
             help="Target model folder at the place (save_pretrained layout); default: the demo.",
         ),
     ] = None,
+    data: Annotated[
+        str | None,
+        typer.Option(
+            "--data",
+            "-d",
+            help="Training data at the place: chat ({'messages'}), text ({'text'}) or tokenized "
+            "JSONL (with --model).",
+        ),
+    ] = None,
     force: Annotated[
         bool, typer.Option("--force", help="Replace an existing deploy.toml.")
     ] = False,
@@ -47,7 +56,7 @@ def init_command(
     \b
     Examples:
       dflash init                                   # this machine, the demo target
-      dflash init --host gpu-box --model /models/Qwen3-8B
+      dflash init --host gpu-box --model /models/Qwen3-8B --data /data/chat.jsonl
       dflash init --host pve --ct 200 --force
     """
     root = ctx.find_object(Globals) or Globals()
@@ -55,6 +64,11 @@ def init_command(
     init_lib.check_target_file(path, force=force)  # before connecting anywhere
     if ct is not None and host is None:
         raise ConfigError("--ct needs --host: the container lives on a Proxmox node.")
+    if data is not None and model is None:
+        raise ConfigError(
+            "--data needs --model: the demo builds its own target and data.",
+            hint="Pass --model /path/to/target --data /path/to/train.jsonl.",
+        )
     place_kind = "local" if host is None else "ssh" if ct is None else "proxmox"
     target = Target(  # only the connection fields matter: it is used to ask for the GPUs
         name="init",
@@ -69,7 +83,14 @@ def init_command(
     )
     gpus = _gpus(target, accept_new_host_key=accept_new_host_key)
     plan = init_lib.InitPlan(
-        place=place_kind, host=host, user=user, port=port, ct=ct, gpus=gpus, model=model
+        place=place_kind,
+        host=host,
+        user=user,
+        port=port,
+        ct=ct,
+        gpus=gpus,
+        model=model,
+        data=data,
     )
     init_lib.write(path, init_lib.render(plan), force=force)
     split = init_lib.suggest_split(gpus.count)
@@ -78,6 +99,11 @@ def init_command(
         + (f", {split} for the target model" if split else "")
         + "."
     )
+    if model is not None and data is None:
+        output.warn(
+            f'data.path is not set: add path = "/data/train.jsonl" under [train.data] in {path} '
+            "(chat, text or tokenized JSONL at the place), or run init again with --data."
+        )
     output.info("Next: dflash doctor, then dflash deploy.")
 
 
