@@ -81,6 +81,7 @@ def test_training_prompts_spread_over_the_samples(memorised: Run) -> None:
     trained = memorised.trainer.stream.samples
     assert len(trained) == 4
     assert spread(trained, 2) == [probe.train_prompts[0], probe.train_prompts[2]]
+    assert spread(trained, 9) == probe.train_prompts  # no more than there are, each once
     assert not {tuple(p) for p in probe.prompts} & {tuple(p) for p in probe.train_prompts}
 
 

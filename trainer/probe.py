@@ -98,9 +98,8 @@ def spread(samples: Sequence[Sample], count: int) -> list[list[int]]:
     """The prompts of up to `count` samples picked evenly across `samples` (no random numbers)."""
     if count <= 0 or not samples:
         return []
-    n = len(samples)
-    picks = sorted({i * n // count for i in range(min(count, n))})
-    return [p for p in (prompt_of_sample(samples[i]) for i in picks) if p]
+    n, k = len(samples), min(count, len(samples))
+    return [p for p in (prompt_of_sample(samples[i * n // k]) for i in range(k)) if p]
 
 
 class TauProbe:
