@@ -1,6 +1,9 @@
-"""What a trained drafter is worth: τ and per-slot acceptance by real speculative decoding.
+"""What a trained drafter is worth: τ by real speculative decoding, held out and on its own
+training prompts, beside prompt lookup on the same target and prompts.
 
-    python bench/bench_eval.py --out eval.json          # one H200, under 5 minutes
+    python bench/bench_eval.py                            # one H200; writes bench/results/h200-eval.json
+    python bench/bench_eval.py --samples 2048,20480 --out eval.json   # one drafter per data size
+    python bench/bench_eval.py --reuse-target --train-data DIR        # data made elsewhere
     python bench/bench_eval.py --smoke --out /tmp/e.json  # tiny, CPU, checks the path
     python bench/bench_eval.py --demo-cpu --out demo.json # the demo drafter (trainer/configs/demo.toml)
 
@@ -11,17 +14,24 @@ GPU run, in order:
 2. a byte-level BPE tokenizer trained on the corpus with `tokenizers`;
 3. a Qwen3-shaped target (8 layers, hidden 768) trained from scratch for a fixed time budget on the
    training files, so that its greedy continuations are code-like rather than random, saved with
-   `save_pretrained`;
-4. training data: the target's own greedy continuations of windows of the training files
-   (supervised on the continuation);
-5. a drafter trained for a fixed number of steps with the project's trainer (`trainer.trainer`),
-   logging τ on held-out prompts every `eval.every` steps;
-6. `trainer.evaluate` on held-out prompts with the target in fp32 (so that the lossless check is
-   not at the mercy of bf16 rounding between forwards of different lengths).
+   `save_pretrained` (`--reuse-target`: the one a previous run saved in `--work`);
+4. training data (`training_samples`, the one function that picks the source): the target's own
+   greedy continuations of windows of the training files (supervised on the continuation), or
+   `--train-data`, tokenized data made with the same target (e.g. by `trainer.generate`);
+5. prompt lookup (n-gram drafting, n = `--lookup-max-n`…1) on the held-out prompts, once (the
+   target is fixed), with the target in fp32 (so that the lossless check is not at the mercy of
+   bf16 rounding between forwards of different lengths);
+6. for each data size of `--samples` (a "point"): a drafter trained for `--drafter-steps` steps on
+   the first N samples with the project's trainer (`trainer.trainer`, its τ probe logging held-out
+   and training-prompt τ), then `trainer.evaluate` on the held-out prompts and on prompts of
+   its training samples; reported per point: `held_out.tau`, `baselines.prompt_lookup.tau`,
+   `train_prompts.tau`, `samples` and `epochs` (samples seen / samples). The largest point's
+   fields are also at the top level of the JSON, every point under `points`.
 
 `--demo-cpu` trains the demo drafter with its default config (skipped when its run folder already
 holds the final checkpoint) and evaluates it on fresh random prompts (held out: the demo data are
-continuations of other random prompts) and on the prompts of its own training samples.
+continuations of other random prompts), with prompt lookup beside it, and on the prompts of its
+own training samples.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 import sysconfig
 import time
@@ -45,15 +56,20 @@ if str(ROOT) not in sys.path:
 from trainer.config import config_from_dict, load_config  # noqa: E402
 from trainer.data import Sample, load_samples, write_samples  # noqa: E402
 from trainer.evaluate import (  # noqa: E402
+    BlockDrafter,
     DFlashDrafter,
     LosslessViolation,
     evaluate,
+    greedy_decode,
     load_drafter,
     prompt_of_sample,
 )
-from trainer.target import Target  # noqa: E402
+from trainer.probe import spread  # noqa: E402
+from trainer.prompt_lookup import PromptLookupDrafter  # noqa: E402
+from trainer.target import Target, load_target  # noqa: E402
 
 SPECIAL = ["<|pad|>", "<|endoftext|>"]
+RESULTS = ROOT / "bench" / "results" / "h200-eval.json"
 
 
 def log(msg: str) -> None:
@@ -215,32 +231,50 @@ def write_prompts(path: Path, prompts: torch.Tensor) -> None:
     write_samples(path, [Sample(p.tolist(), [False] * len(p)) for p in prompts])
 
 
+# ---- training data -------------------------------------------------------------------------------
+
+
+def training_samples(
+    args: argparse.Namespace, model: torch.nn.Module | None, stream: torch.Tensor
+) -> list[Sample]:
+    """The drafter's training data (the one place to swap the source). `--train-data`: a file or
+    folder `trainer.data.load_samples` reads, made with this benchmark's target (`--reuse-target`;
+    e.g. by `trainer.generate` from windows of the training files); otherwise the target's own
+    greedy continuations of random windows of the training files, as many as the largest point."""
+    if args.train_data:
+        return load_samples(args.train_data, max_len=args.prompt_len + args.gen_len)
+    assert model is not None
+    prompts = windows(stream, max(args.samples), args.prompt_len, seed=2)
+    return generate_samples(model, prompts, args.gen_len, args.gen_batch)
+
+
 # ---- evaluation ----------------------------------------------------------------------------------
 
 
-def fp32_target(folder: Path, device: torch.device, layers: list[int]) -> Target:
-    """The saved (fp32) weights in fp32: the same target that generated the data, and argmax
-    ties between forwards of different lengths far rarer than in bf16."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=torch.float32, local_files_only=True
-    )
-    model.to(device).eval().requires_grad_(False)
-    return Target(model, layers)
+def fp32_target(folder: Path, device: torch.device, model: Any) -> Target:
+    """The saved (fp32) weights in fp32, with the feature layers the trainer picks from the
+    `model` settings: the same target that generated the data, and argmax ties between
+    forwards of different lengths far rarer than in bf16."""
+    target = load_target(folder, layers=model.target_layers, num_layers=model.num_target_layers)
+    target.model.to(device)
+    return target
 
 
-def run_eval(
-    target: Target, drafter: Any, prompts: list[list[int]], max_new: int
+def measure(
+    target: Target,
+    block: BlockDrafter,
+    prompts: list[list[int]],
+    max_new: int,
+    *,
+    expected: list[list[int]] | None = None,
 ) -> dict[str, Any]:
-    block = DFlashDrafter(
-        drafter, embed_weight=target.embed_weight, lm_head_weight=target.lm_head_weight
-    )
+    """`evaluate` with the lossless check (against `expected` when given); a violation is
+    recorded, then τ is measured without the check."""
     start = time.perf_counter()
     try:
-        report = evaluate(target, block, prompts, max_new_tokens=max_new)
+        report = evaluate(target, block, prompts, max_new_tokens=max_new, expected=expected)
         violation = None
-    except LosslessViolation as exc:  # recorded, then measured without the check
+    except LosslessViolation as exc:
         violation = str(exc)
         report = evaluate(target, block, prompts, max_new_tokens=max_new, check_lossless=False)
     row = asdict(report)
@@ -251,86 +285,182 @@ def run_eval(
     return row
 
 
-def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
+def trained_block(target: Target, drafter: Any) -> DFlashDrafter:
+    return DFlashDrafter(
+        drafter, embed_weight=target.embed_weight, lm_head_weight=target.lm_head_weight
+    )
+
+
+def run_eval(
+    target: Target, drafter: Any, prompts: list[list[int]], max_new: int
+) -> dict[str, Any]:
+    return measure(target, trained_block(target, drafter), prompts, max_new)
+
+
+def lookup_baseline(
+    target: Target, prompts: list[list[int]], args: argparse.Namespace, expected: list[list[int]]
+) -> dict[str, Any]:
+    """Prompt lookup's τ on `prompts` (the same for every drafter point: the target is fixed)."""
+    drafter = PromptLookupDrafter(args.block_size, max_n=args.lookup_max_n)
+    log(f"{drafter.describe()}:")
+    row = measure(target, drafter, prompts, args.max_new_tokens, expected=expected)
+    return {**row, "max_n": args.lookup_max_n, "min_n": 1}
+
+
+# ---- the GPU run -----------------------------------------------------------------------------------
+
+
+def drafter_config(args: argparse.Namespace, work: Path, data: Path, device: torch.device) -> Any:
+    return config_from_dict(
+        {
+            "model": {
+                "target": str(work / "target"),
+                "num_layers": args.drafter_layers,
+                "block_size": args.block_size,
+            },
+            "data": {
+                "path": str(data),
+                "batch_size": args.drafter_batch,
+                "max_len": args.prompt_len + args.gen_len,
+                "num_anchors": args.anchors,
+                "bucket": 128 if device.type == "cuda" else 32,
+                "noise": 0.02,
+            },
+            "optim": {"lr": args.drafter_lr, "warmup_steps": max(1, args.drafter_steps // 20)},
+            "run": {
+                "steps": args.drafter_steps,
+                "device": device.type,
+                "checkpoint_every": 0,
+                "log_every": max(1, args.drafter_steps // 20),
+                "threads": 1 if args.smoke else 0,
+            },
+            "eval": {
+                "every": max(1, args.drafter_steps // 4),
+                "prompts": str(work / "prompts.jsonl"),
+                "num_prompts": 4,
+                "train_prompts": 4,
+                "max_new_tokens": min(32, args.max_new_tokens),
+                "lookup_max_n": args.lookup_max_n,
+            },
+        }
+    )
+
+
+def drafter_point(
+    args: argparse.Namespace,
+    samples: list[Sample],
+    held: dict[str, Any],
+    device: torch.device,
+) -> dict[str, Any]:
+    """Train a drafter on `samples` and measure it: held-out τ, training-prompt τ, epochs."""
     from trainer.trainer import Trainer
 
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
+    data = work / f"train-{len(samples)}.jsonl"
+    write_samples(data, samples)
+    run_dir = work / f"run-{len(samples)}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # a previous run's checkpoint would be resumed
     t0 = time.perf_counter()
-    train_texts, held_texts = corpus(args.corpus_bytes, args.holdout_every)
-    log(f"corpus: {len(train_texts)} training files, {len(held_texts)} held out")
-    target_dir = work / "target"
-    tokenizer = build_tokenizer(train_texts, args.vocab, target_dir)
-    stream, held_stream = encode(tokenizer, train_texts), encode(tokenizer, held_texts)
-    log(f"tokens: {len(stream):,} training, {len(held_stream):,} held out")
-    timings = {"corpus_tokenizer_s": time.perf_counter() - t0}
-
-    t0 = time.perf_counter()
-    model, target_info = train_target(stream, tokenizer, args, device)
-    model.save_pretrained(str(target_dir))
-    timings["target_train_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    prompts = windows(stream, args.samples, args.prompt_len, seed=2)
-    samples = generate_samples(model, prompts, args.gen_len, args.gen_batch)
-    write_samples(work / "train.jsonl", samples)
-    eval_prompts = windows(held_stream, args.eval_prompts, args.prompt_len, seed=3)
-    write_prompts(work / "prompts.jsonl", eval_prompts)
-    del model
-    timings["data_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    raw = {
-        "model": {
-            "target": str(target_dir),
-            "num_layers": args.drafter_layers,
-            "block_size": args.block_size,
-        },
-        "data": {
-            "path": str(work / "train.jsonl"),
-            "batch_size": args.drafter_batch,
-            "max_len": args.prompt_len + args.gen_len,
-            "num_anchors": args.anchors,
-            "bucket": 128 if device.type == "cuda" else 32,
-            "noise": 0.02,
-        },
-        "optim": {"lr": args.drafter_lr, "warmup_steps": max(1, args.drafter_steps // 20)},
-        "run": {
-            "steps": args.drafter_steps,
-            "device": device.type,
-            "checkpoint_every": 0,
-            "log_every": max(1, args.drafter_steps // 20),
-        },
-        "eval": {
-            "every": max(1, args.drafter_steps // 4),
-            "prompts": str(work / "prompts.jsonl"),
-            "num_prompts": 4,
-            "max_new_tokens": 32,
-        },
-    }
-    trainer = Trainer(config_from_dict(raw), work / "run", emit=log)
+    trainer = Trainer(drafter_config(args, work, data, device), run_dir, emit=log)
     results = trainer.run()
-    timings["drafter_train_s"] = time.perf_counter() - t0
+    train_s = time.perf_counter() - t0
+    trained = trainer.stream.samples
     tail = results[-max(1, len(results) // 10) :]
     train_acc = [sum(a) / len(a) for a in zip(*(r.slot_accuracy for r in tail), strict=True)]
+    drafter = trainer.drafter_worker.drafter.float()
+    del trainer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
     t0 = time.perf_counter()
-    target = fp32_target(target_dir, device, trainer.target_worker.target.layers)
-    drafter = trainer.drafter_worker.drafter.float()
-    held = run_eval(target, drafter, eval_prompts.tolist(), args.max_new_tokens)
-    timings["eval_s"] = time.perf_counter() - t0
+    target = held["target"]
+    block = trained_block(target, drafter)
+    log(f"{len(trained)} samples, held out:")
+    held_out = measure(
+        target, block, held["prompts"], args.max_new_tokens, expected=held["expected"]
+    )
+    log(f"{len(trained)} samples, training prompts:")
+    seen = measure(target, block, spread(trained, args.eval_prompts), args.max_new_tokens)
     return {
-        "mode": "smoke" if args.smoke else "gpu",
-        "target": target_info,
+        "samples": len(trained),
+        "epochs": args.drafter_steps * args.drafter_batch / len(trained),
+        "held_out": held_out,
+        "baselines": {"prompt_lookup": held["prompt_lookup"]},
+        "train_prompts": seen,
         "drafter": {
             "steps": args.drafter_steps,
             "layers": args.drafter_layers,
             "block_size": args.block_size,
             "final_loss": results[-1].loss,
             "train_slot_accuracy": train_acc,
+            "train_s": train_s,
+            "eval_s": time.perf_counter() - t0,
         },
-        "held_out": held,
+    }
+
+
+def target_and_tokenizer(
+    args: argparse.Namespace, train_texts: list[str], device: torch.device
+) -> tuple[torch.nn.Module | None, Any, dict[str, Any]]:
+    """(model, tokenizer, info): trained here, or the one a previous run saved
+    (`--reuse-target`; the model is only loaded when the data are generated here)."""
+    target_dir = Path(args.work) / "target"
+    if args.reuse_target:
+        if not (target_dir / "config.json").is_file():
+            raise SystemExit(f"--reuse-target: no saved target in {target_dir}; run once without")
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
+        model = None
+        if not args.train_data:
+            model = AutoModelForCausalLM.from_pretrained(str(target_dir), local_files_only=True)
+            model.to(device).eval()
+        return model, tokenizer, {"reused": str(target_dir)}
+    tokenizer = build_tokenizer(train_texts, args.vocab, target_dir)
+    model, info = train_target(encode(tokenizer, train_texts), tokenizer, args, device)
+    model.save_pretrained(str(target_dir))
+    return model, tokenizer, info
+
+
+def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    train_texts, held_texts = corpus(args.corpus_bytes, args.holdout_every)
+    log(f"corpus: {len(train_texts)} training files, {len(held_texts)} held out")
+    model, tokenizer, target_info = target_and_tokenizer(args, train_texts, device)
+    stream, held_stream = encode(tokenizer, train_texts), encode(tokenizer, held_texts)
+    log(f"tokens: {len(stream):,} training, {len(held_stream):,} held out")
+    timings = {"target_s": time.perf_counter() - t0}
+
+    t0 = time.perf_counter()
+    samples = training_samples(args, model, stream)
+    eval_prompts = windows(held_stream, args.eval_prompts, args.prompt_len, seed=3)
+    write_prompts(work / "prompts.jsonl", eval_prompts)
+    del model
+    timings["data_s"] = time.perf_counter() - t0
+    log(f"training data: {len(samples):,} samples")
+
+    t0 = time.perf_counter()
+    target = fp32_target(work / "target", device, drafter_config(args, work, work, device).model)
+    prompts = eval_prompts.tolist()
+    expected = [greedy_decode(target, p, args.max_new_tokens) for p in prompts]
+    held = {"target": target, "prompts": prompts, "expected": expected}
+    held["prompt_lookup"] = lookup_baseline(target, prompts, args, expected)
+    timings["baseline_s"] = time.perf_counter() - t0
+
+    counts = sorted({min(n, len(samples)) for n in args.samples})  # not more than there are
+    points = [drafter_point(args, samples[:n], held, device) for n in counts]
+    last = points[-1]
+    return {
+        "mode": "smoke" if args.smoke else "gpu",
+        "target": target_info,
+        "training_data": args.train_data or "greedy continuations of training-file windows",
+        # the largest point's figures at the top level; every point under `points`
+        **{k: last[k] for k in ("samples", "epochs", "held_out", "baselines", "train_prompts")},
+        "drafter": last["drafter"],
+        "points": points,
         "timings_s": timings,
     }
 
@@ -338,7 +468,6 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
 def demo_cpu(args: argparse.Namespace) -> dict[str, Any]:
     """The demo drafter after its default run (trained into `<work>/run` unless its final
     checkpoint is already there), evaluated on held-out and on training prompts."""
-    from trainer.target import load_target
     from trainer.trainer import Trainer, resolve_demo
 
     run_dir = Path(args.work) / "run"
@@ -358,6 +487,7 @@ def demo_cpu(args: argparse.Namespace) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(10_000 + demo.seed)  # the demo data use seed + 1
     held = torch.randint(0, 256, (args.eval_prompts, demo.prompt_len), generator=gen).tolist()
     seen = [prompt_of_sample(s) for s in load_samples(config.data.path)][: args.eval_prompts]
+    lookup = PromptLookupDrafter(config.model.block_size, max_n=args.lookup_max_n)
     return {
         "mode": "demo-cpu",
         "config": "trainer/configs/demo.toml",
@@ -365,13 +495,18 @@ def demo_cpu(args: argparse.Namespace) -> dict[str, Any]:
         "train_s": train_s,
         "max_new_tokens": demo.gen_len,
         "held_out": run_eval(target, drafter, held, demo.gen_len),
-        "training_prompts": run_eval(target, drafter, seen, demo.gen_len),
+        "baselines": {"prompt_lookup": measure(target, lookup, held, demo.gen_len)},
+        "train_prompts": run_eval(target, drafter, seen, demo.gen_len),
     }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument(
+        "--out",
+        default=None,
+        help=f"write the results as JSON here (GPU run: default {RESULTS.relative_to(ROOT)})",
+    )
     p.add_argument("--work", default="/tmp/dflash-bench-eval", help="assets and run folders")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
     p.add_argument("--demo-cpu", action="store_true", help="the demo drafter's figure")
@@ -385,7 +520,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target-lr", type=float, default=1e-3)
     p.add_argument("--target-seconds", type=float, default=90.0)
     p.add_argument("--target-steps", type=int, default=0, help="stop earlier (0: time only)")
-    p.add_argument("--samples", type=int, default=2048)
+    p.add_argument(
+        "--samples",
+        type=sample_counts,
+        default=[2048],
+        help="training samples of each drafter point, comma-separated (e.g. 2048,20480)",
+    )
+    p.add_argument(
+        "--train-data",
+        default=None,
+        help="train on this tokenized data (made with the --reuse-target target) instead of "
+        "generating it here",
+    )
+    p.add_argument(
+        "--reuse-target", action="store_true", help="reuse the target saved in --work/target"
+    )
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--gen-len", type=int, default=192)
     p.add_argument("--gen-batch", type=int, default=512)
@@ -397,18 +546,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drafter-steps", type=int, default=600)
     p.add_argument("--eval-prompts", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--lookup-max-n", type=int, default=4, help="prompt lookup: n-grams n…1")
     args = p.parse_args(argv)
+    if args.train_data and not args.reuse_target:
+        p.error("--train-data needs --reuse-target: data made with the target saved in --work")
     if args.smoke:
         small = dict(
-            corpus_bytes=300_000,
-            vocab=400,
+            corpus_bytes=150_000,
+            vocab=300,
             target_layers=2,
             target_hidden=64,
             target_seq=64,
             target_batch=8,
             target_seconds=30.0,
-            target_steps=40,
-            samples=16,
+            target_steps=20,
+            samples=[8, 16],
             prompt_len=8,
             gen_len=24,
             gen_batch=16,
@@ -416,7 +568,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             block_size=4,
             drafter_batch=4,
             anchors=8,
-            drafter_steps=8,
+            drafter_steps=4,
             eval_prompts=2,
             max_new_tokens=12,
         )
@@ -424,11 +576,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, key, value)
     if args.demo_cpu:
         args.eval_prompts = 16 if args.eval_prompts == 32 else args.eval_prompts
+    if args.out is None and not (args.smoke or args.demo_cpu):
+        args.out = str(RESULTS)
     return args
+
+
+def sample_counts(text: str) -> list[int]:
+    counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected positive counts like 2048,20480, got {text!r}")
+    return counts
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.smoke:  # tiny shapes: one thread is faster than two fighting over a shared CPU
+        torch.set_num_threads(1)
     start = time.perf_counter()
     result = demo_cpu(args) if args.demo_cpu else gpu_run(args)
     result["total_s"] = time.perf_counter() - start

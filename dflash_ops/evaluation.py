@@ -29,6 +29,7 @@ class EvalRequest:
     max_new_tokens: int | None = None
     limit: int | None = None
     as_json: bool = False
+    baseline: str | None = None  # "prompt-lookup" | "none"; None: the evaluator's default
 
 
 def checkpoint_path(ws: Workspace, checkpoint: str | None) -> str:
@@ -51,6 +52,8 @@ def evaluator_argv(ws: Workspace, request: EvalRequest, *, checkpoint: str) -> l
         args += ["--max-new-tokens", str(request.max_new_tokens)]
     if request.limit is not None:
         args += ["--limit", str(request.limit)]
+    if request.baseline is not None:
+        args += ["--baseline", request.baseline]
     if request.as_json:
         args.append("--json")
     current = f"{ws.target.root}/current"
@@ -82,6 +85,7 @@ def start(ws: Workspace, request: EvalRequest) -> StreamResult:
         max_new_tokens=request.max_new_tokens,
         limit=request.limit,
         as_json=request.as_json,
+        baseline=request.baseline,
     )
     return ws.place.stream(evaluator_argv(ws, request, checkpoint=checkpoint))
 

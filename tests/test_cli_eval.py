@@ -71,6 +71,9 @@ def check_report(stdout: str) -> dict:
     assert report["lossless_checked"] is True
     assert len(report["slot_acceptance"]) == report["block_size"] - 1 == BLOCK - 1
     assert report["prompts"] == 2
+    lookup = report["baselines"]["prompt_lookup"]  # on by default, on the same prompts
+    assert lookup["prompts"] == 2 and lookup["new_tokens"] == report["new_tokens"]
+    assert lookup["tau"] >= 1.0 and lookup["lossless_checked"] is True
     return report
 
 
@@ -90,8 +93,18 @@ def test_eval_json_on_the_newest_and_a_named_checkpoint(deployed: Deployed) -> N
         "--checkpoint", names[0], "--max-new-tokens", "8", "--limit", "1",
     )  # fmt: skip
     assert named.returncode == 0, named.stderr
-    assert named.stdout.startswith("tau ") and "| lossless\n" in named.stdout
-    assert "1 prompts, B=4" in named.stdout
+    drafter, lookup, versus = named.stdout.splitlines()
+    assert drafter.startswith("drafter        tau ") and drafter.endswith("| lossless")
+    assert "1 prompts, B=4" in drafter
+    assert lookup.startswith("prompt lookup  tau ") and lookup.endswith("| lossless")
+    assert "vs" in versus
+
+    alone = dflash(
+        deployed.project, "eval", "--prompts", str(deployed.prompts),
+        "--max-new-tokens", "8", "--baseline", "none", "--json",
+    )  # fmt: skip
+    assert alone.returncode == 0, alone.stderr
+    assert json.loads(alone.stdout)["baselines"] == {}
 
 
 def test_eval_errors(deployed: Deployed, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Speculative-decoding evaluation on a tiny demo target: an oracle drafter reaches τ = B, a
 random drafter τ ≈ 1, every run reproduces the target's greedy output, the single-block drafter
-call is the training forward, and prompts load from both training formats."""
+call is the training forward, prompts load from both training formats, and prompt lookup decodes
+losslessly beside a drafter."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ from trainer.evaluate import (
     LosslessViolation,
     PromptFileError,
     _check_lossless,
+    compare,
     evaluate,
     greedy_decode,
     load_prompts,
     speculative_decode,
 )
 from trainer.model import Drafter, shape_from_target
+from trainer.prompt_lookup import PromptLookupDrafter
 from trainer.target import Target, load_target
 
 BLOCK = 4
@@ -156,3 +159,40 @@ def test_prompts_from_both_training_formats(tmp_path, target) -> None:
     bad.write_text(json.dumps({"input_ids": [1, 2], "loss_mask": [1, 1]}) + "\n")
     with pytest.raises(PromptFileError, match="bad.jsonl:1: empty prompt"):
         load_prompts(bad)
+
+
+# ---- prompt lookup beside the drafter ---------------------------------------------------------
+
+
+def test_speculative_decoding_with_prompt_lookup_is_the_greedy_output(target) -> None:
+    """Distinct prompt tokens (no match at first: empty proposals) and repetitive ones (long
+    proposals, some right, some wrong): the output is the target's greedy output either way."""
+    lookup_drafter = PromptLookupDrafter(4)
+    accepted = []
+    for prompt in [
+        list(range(40, 48)),
+        [3, 9, 3, 9, 3, 9, 3],
+        *([t % 8 for t in p] for p in random_prompts(3, 6, seed=8)),
+    ]:
+        res = speculative_decode(target, lookup_drafter, prompt, 24, eos=[])
+        assert res.tokens == greedy_decode(target, prompt, 24, eos=[])
+        accepted += res.accepted
+    assert max(accepted) > 0 and min(accepted) == 0  # it drafted right and wrong
+
+
+def test_evaluate_reports_prompt_lookup_beside_the_drafter(target) -> None:
+    held = random_prompts(4, 6, seed=9)
+    base = PromptLookupDrafter(4)
+    alone = evaluate(target, base, held, max_new_tokens=20)  # raises on any lossless violation
+    assert alone.lossless_checked and alone.tau >= 1.0
+    assert alone.tau == pytest.approx(1 + sum(alone.slot_acceptance))
+    # the demo target falls into cycles: prompt lookup catches them
+    assert alone.tau > 1.2, alone.summary()
+
+    both = compare(target, base, {"prompt_lookup": PromptLookupDrafter(4)}, held, max_new_tokens=20)
+    assert both.drafter == alone and both.baselines["prompt_lookup"] == alone
+    data = both.to_json()
+    assert data["tau"] == alone.tau and data["baselines"]["prompt_lookup"]["tau"] == alone.tau
+    lines = both.summary().splitlines()
+    assert lines[0].startswith("drafter ") and lines[1].startswith("prompt lookup ")
+    assert f"({alone.tau:.2f} vs {alone.tau:.2f})" in lines[2] and "x1.00" in lines[2]

@@ -156,6 +156,8 @@ def test_entry_point_reads_a_checkpoint(tmp_path, assets) -> None:
     report = json.loads(proc.stdout)
     assert report["prompts"] == 1 and report["new_tokens"] == 6 and report["lossless_checked"]
     assert 1.0 <= report["tau"] <= BLOCK
+    lookup = report["baselines"]["prompt_lookup"]  # beside the drafter, on the same prompt
+    assert 1.0 <= lookup["tau"] <= BLOCK and lookup["new_tokens"] == 6
     step = tmp_path / "run" / "step-00000002"
     proc = run_cli(*common, "--checkpoint", str(step), "--set", "model.block_size=5")
     assert proc.returncode == 2 and "model.block_size" in proc.stderr

@@ -166,6 +166,7 @@ class RunConfig:
     compile: bool | None = None  # compile the drafter's layers; None: on CUDA only
     # FlexAttention tile sizes: "auto" (by the GPU's shared memory), "large", "small" (~100 KiB GPUs)
     attention_kernels: str = "auto"
+    tensorboard: bool = True  # event files in <out>/tensorboard (when tensorboard is installed)
 
     def compiles_on(self, device: Any) -> bool:
         """Whether the drafter's layers are compiled on `device` (a torch.device)."""
@@ -200,12 +201,30 @@ class EvalConfig:
     prompts: str = ""  # JSONL of prompts (training formats); "": the data.holdout samples
     num_prompts: int = 8  # the first N prompts are used
     max_new_tokens: int = 32
+    train_prompts: int = 8  # also τ on N prompts of the training samples; 0: not measured
+    baseline: str = "prompt-lookup"  # τ of this drafter on the held-out prompts too; or "none"
+    lookup_max_n: int = 4  # prompt lookup tries n-grams from max_n down to min_n
+    lookup_min_n: int = 1
+    memorise_ratio: float = 1.25  # warn when training-prompt τ > ratio × held-out τ; 0: never
+    memorise_margin: float = 0.5  # … and held-out τ < prompt lookup's τ + margin
 
     def __post_init__(self) -> None:
         if self.every < 0:
             raise TrainConfigError("eval.every", "must be ≥ 0 (0 disables)")
         _positive("eval.num_prompts", self.num_prompts)
         _positive("eval.max_new_tokens", self.max_new_tokens)
+        if self.train_prompts < 0:
+            raise TrainConfigError("eval.train_prompts", "must be ≥ 0 (0: not measured)")
+        if self.baseline not in ("prompt-lookup", "none"):
+            raise TrainConfigError(
+                "eval.baseline", f'\'{self.baseline}\' is not "prompt-lookup" or "none"'
+            )
+        if not 1 <= self.lookup_min_n <= self.lookup_max_n:
+            raise TrainConfigError("eval.lookup_min_n", "need 1 ≤ lookup_min_n ≤ lookup_max_n")
+        if self.memorise_ratio != 0 and self.memorise_ratio <= 1:
+            raise TrainConfigError("eval.memorise_ratio", "must be > 1 (0: never warn)")
+        if self.memorise_margin < 0:
+            raise TrainConfigError("eval.memorise_margin", "must be ≥ 0")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,7 @@
 """Measure what a drafter is worth: greedy block speculative decoding with the frozen target.
 
     python -m trainer.evaluate --config trainer/configs/demo.toml --checkpoint runs/demo \\
-        --prompts prompts.jsonl --max-new-tokens 64 [--json]
+        --prompts prompts.jsonl --max-new-tokens 64 [--baseline prompt-lookup|none] [--json]
 
 Training accuracy can be high while serving acceptance is near 1 (an off-by-one between mask,
 positions and labels does exactly that), so the drafter is judged by decoding with it, the way
@@ -26,6 +26,11 @@ cut at the token budget or EOS); per-slot acceptance (the fraction of verify pas
 at slot k was accepted, so τ = 1 + Σ_k rate_k); the speed-up in target forwards against plain
 greedy decoding (one forward per new token); and, when asked, a lossless check against the
 target's own greedy output computed by plain decoding — a difference raises `LosslessViolation`.
+
+Beside the drafter, the same prompts are decoded with a baseline drafter (`--baseline`, default
+prompt lookup, `trainer.prompt_lookup`) behind the same `BlockDrafter` interface: a drafter may
+propose fewer than B−1 tokens (prompt lookup when nothing matches), and the verify pass then
+covers only what was proposed. The plain greedy output is decoded once for both lossless checks.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from trainer.config import TrainConfigError
 from trainer.data import Sample, bucket_length, template_options
 from trainer.errors import TrainerError
 from trainer.model import Drafter
+from trainer.prompt_lookup import PromptLookupDrafter
 from trainer.target import Target
 
 log = logging.getLogger(__name__)
@@ -91,8 +97,9 @@ class BlockDrafter(Protocol):
 
     def draft(self, features: Tensor, input_ids: Tensor, anchor: int) -> Tensor:
         """features (1, anchor, n·H): the target's features of positions < anchor; input_ids
-        (1, anchor + 1): the sequence up to the anchor token → (B−1,) long, the proposals for
-        positions anchor+1 … anchor+B−1."""
+        (1, anchor + 1): the sequence up to the anchor token → (k,) long with k ≤ B−1, the
+        proposals for positions anchor+1 … anchor+k (a trained drafter always proposes B−1;
+        prompt lookup proposes none when nothing matches)."""
         ...
 
 
@@ -224,11 +231,14 @@ def speculative_decode(
     while not done:
         anchor = ids.shape[1]  # position of the newest token, not yet seen by the target
         ids = torch.cat([ids, ids.new_tensor([[new[-1]]])], dim=1)  # (1, anchor + 1)
-        draft = drafter.draft(features, ids, anchor).to(ids.device)  # (B−1,)
-        out = target(torch.cat([ids, draft[None]], dim=1))  # verify: (1, anchor + B)
+        draft = drafter.draft(features, ids, anchor).to(ids.device)  # (k,), k ≤ B−1
+        k = draft.shape[0]
+        if k > b - 1:
+            raise ValueError(f"the drafter proposed {k} tokens, more than B−1 = {b - 1}")
+        out = target(torch.cat([ids, draft[None]], dim=1))  # verify: (1, anchor + 1 + k)
         forwards += 1
-        preds = _logits(target, out.last_hidden[0, anchor:]).argmax(-1)  # (B,) g_1 … g_B
-        match = (draft == preds[: b - 1]).long()
+        preds = _logits(target, out.last_hidden[0, anchor:]).argmax(-1)  # (k+1,) g_1 … g_k+1
+        match = (draft == preds[:k]).long()
         a = int(match.cumprod(0).sum())  # longest matching prefix
         accepted.append(a)
         gained = [*draft[:a].tolist(), int(preds[a])]
@@ -272,19 +282,24 @@ def evaluate(
     max_new_tokens: int,
     check_lossless: bool = True,
     eos: Sequence[int] | None = None,
+    expected: Sequence[list[int]] | None = None,
 ) -> EvalReport:
     """Speculative decoding over `prompts`; with `check_lossless`, also plain greedy decoding
-    of each prompt, and `LosslessViolation` on the first differing token."""
+    of each prompt (or its output given in `expected`, to decode it once for several drafters),
+    and `LosslessViolation` on the first differing token."""
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be ≥ 1")
     if not prompts:
         raise ValueError("no prompts")
+    if expected is not None and len(expected) != len(prompts):
+        raise ValueError(f"{len(expected)} expected outputs for {len(prompts)} prompts")
     b = drafter.block_size
     results = []
     for i, prompt in enumerate(prompts):
         res = speculative_decode(target, drafter, prompt, max_new_tokens, eos=eos)
         if check_lossless:
-            _check_lossless(target, i, prompt, res.tokens, max_new_tokens, eos)
+            want = None if expected is None else expected[i]
+            _check_lossless(target, i, prompt, res.tokens, max_new_tokens, eos, want=want)
         results.append(res)
     accepted = [a for r in results for a in r.accepted]
     verifies = len(accepted)
@@ -312,8 +327,11 @@ def _check_lossless(
     got: list[int],
     max_new_tokens: int,
     eos: Sequence[int] | None,
+    *,
+    want: list[int] | None = None,
 ) -> None:
-    want = greedy_decode(target, prompt, max_new_tokens, eos=eos)
+    if want is None:
+        want = greedy_decode(target, prompt, max_new_tokens, eos=eos)
     if got == want:
         return
     pos = next(
@@ -332,6 +350,80 @@ def _check_lossless(
     )
 
 
+# ---- beside a baseline ------------------------------------------------------------------------
+
+
+BASELINES = ("prompt-lookup", "none")
+
+
+def baseline_drafter(
+    name: str, block_size: int, *, max_n: int = 4, min_n: int = 1
+) -> BlockDrafter | None:
+    """The baseline `name` (one of `BASELINES`) at the drafter's block size; None for "none"."""
+    if name == "none":
+        return None
+    if name == "prompt-lookup":
+        return PromptLookupDrafter(block_size, max_n=max_n, min_n=min_n)
+    raise ValueError(f"unknown baseline {name!r}: expected one of {', '.join(BASELINES)}")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The drafter's report and its baselines' on the same prompts (keys: "prompt_lookup")."""
+
+    drafter: EvalReport
+    baselines: dict[str, EvalReport]
+
+    def summary(self) -> str:
+        lines = [f"drafter        {self.drafter.summary()}"]
+        for name, report in self.baselines.items():
+            label = name.replace("_", " ")
+            lines.append(f"{label:<14} {report.summary()}")
+            lines.append(f"{'':<14} {_versus(self.drafter.tau, report.tau, label)}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """The drafter's fields at the top level, each baseline's under `baselines.<name>`."""
+        return {
+            **asdict(self.drafter),
+            "baselines": {name: asdict(r) for name, r in self.baselines.items()},
+        }
+
+
+def _versus(tau: float, base: float, label: str) -> str:
+    """How the drafter's tokens gained per verify (τ − 1) compare with the baseline's."""
+    if base > 1:
+        return f"tau − 1 is x{(tau - 1) / (base - 1):.2f} {label}'s ({tau:.2f} vs {base:.2f})"
+    return f"{label} accepted nothing (tau {tau:.2f} vs {base:.2f})"
+
+
+def compare(
+    target: Target,
+    drafter: BlockDrafter,
+    baselines: dict[str, BlockDrafter],
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    check_lossless: bool = True,
+    eos: Sequence[int] | None = None,
+) -> Comparison:
+    """`evaluate` of the drafter and of each baseline on the same prompts; the plain greedy
+    output the lossless check needs is decoded once for all of them."""
+    expected = (
+        [greedy_decode(target, p, max_new_tokens, eos=eos) for p in prompts]
+        if check_lossless and baselines
+        else None
+    )
+
+    def one(d: BlockDrafter) -> EvalReport:
+        return evaluate(
+            target, d, prompts, max_new_tokens=max_new_tokens,
+            check_lossless=check_lossless, eos=eos, expected=expected,
+        )  # fmt: skip
+
+    return Comparison(one(drafter), {name: one(b) for name, b in baselines.items()})
+
+
 # ---- during training --------------------------------------------------------------------------
 
 
@@ -343,49 +435,6 @@ def split_holdout(samples: list[Sample], holdout: int) -> tuple[list[Sample], li
         )
     cut = len(samples) - holdout
     return samples[:cut], samples[cut:]
-
-
-class TauProbe:
-    """τ of the drafter being trained, on a few held-out prompts (no lossless check: the
-    speed-up is counted, and plain decoding would cost more than the probe itself)."""
-
-    def __init__(self, target: Target, prompts: list[list[int]], *, max_new_tokens: int) -> None:
-        self.target = target
-        self.prompts = prompts
-        self.max_new_tokens = max_new_tokens
-
-    @classmethod
-    def from_config(cls, config: Any, target: Target, held_out: list[Sample]) -> TauProbe | None:
-        """None when `eval.every` is 0; prompts from `eval.prompts`, else the held-out samples."""
-        ev = config.eval
-        if not ev.every:
-            return None
-        if ev.prompts:
-            prompts = load_prompts(
-                ev.prompts,
-                tokenizer_dir=config.model.target,
-                limit=ev.num_prompts,
-                template=template_options(config),
-            )
-        else:
-            prompts = [p for p in map(prompt_of_sample, held_out) if p][: ev.num_prompts]
-            if not prompts:
-                raise TrainConfigError("data.holdout", "no held-out sample has a prompt prefix")
-        return cls(target, prompts, max_new_tokens=ev.max_new_tokens)
-
-    def __call__(self, drafter: Drafter) -> EvalReport:
-        block = DFlashDrafter(
-            drafter,
-            embed_weight=self.target.embed_weight,
-            lm_head_weight=self.target.lm_head_weight,
-        )
-        return evaluate(
-            self.target,
-            block,
-            self.prompts,
-            max_new_tokens=self.max_new_tokens,
-            check_lossless=False,
-        )
 
 
 # ---- prompts ---------------------------------------------------------------------------------
@@ -502,12 +551,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts only")
     p.add_argument("--no-lossless-check", action="store_true", help="skip plain greedy decoding")
+    p.add_argument(
+        "--baseline",
+        choices=BASELINES,
+        default="prompt-lookup",
+        help="also decode the same prompts with this drafter and report it beside yours",
+    )
+    p.add_argument("--lookup-max-n", type=int, default=4, help="prompt lookup: longest n-gram")
+    p.add_argument("--lookup-min-n", type=int, default=1, help="prompt lookup: shortest n-gram")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 1 <= args.lookup_min_n <= args.lookup_max_n:
+        p.error("need 1 ≤ --lookup-min-n ≤ --lookup-max-n")
+    return args
 
 
-def run(args: argparse.Namespace) -> EvalReport:
+def load_block_drafter(args: argparse.Namespace, config: Any, target: Target) -> BlockDrafter:
+    """The drafter to judge, from the command line (a training checkpoint)."""
+    drafter, step = load_drafter(config, Path(args.checkpoint), target)
+    log.info("drafter: %s (step %d)", args.checkpoint, step)
+    return DFlashDrafter(
+        drafter, embed_weight=target.embed_weight, lm_head_weight=target.lm_head_weight
+    )
+
+
+def run(args: argparse.Namespace) -> Comparison:
     from trainer.config import load_config
     from trainer.target import load_target
     from trainer.trainer import resolve_demo, resolve_device
@@ -524,20 +593,21 @@ def run(args: argparse.Namespace) -> EvalReport:
         layers=config.model.target_layers,
         num_layers=config.model.num_target_layers,
     )
-    drafter, step = load_drafter(config, ckpt_path, target)
+    block = load_block_drafter(args, config, target)
     prompts = load_prompts(
         args.prompts,
         tokenizer_dir=config.model.target,
         limit=args.limit,
         template=template_options(config),
     )
-    log.info("evaluating step %d on %d prompts", step, len(prompts))
-    block = DFlashDrafter(
-        drafter, embed_weight=target.embed_weight, lm_head_weight=target.lm_head_weight
+    log.info("evaluating on %d prompts", len(prompts))
+    base = baseline_drafter(
+        args.baseline, block.block_size, max_n=args.lookup_max_n, min_n=args.lookup_min_n
     )
-    return evaluate(
+    return compare(
         target,
         block,
+        {} if base is None else {args.baseline.replace("-", "_"): base},
         prompts,
         max_new_tokens=args.max_new_tokens,
         check_lossless=not args.no_lossless_check,
@@ -552,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(asdict(report)) if args.json else report.summary())
+    print(json.dumps(report.to_json()) if args.json else report.summary())
     return 0
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from trainer.config import TrainConfig
+from trainer.curves import TrainingCurves
 
 METRICS = "metrics.jsonl"
 GIB = 1024**3
@@ -87,6 +88,7 @@ class RoleMetrics:
         self.last_entry: dict[int, dict] = {}
         self.prev_time = time.perf_counter()
         self.pending_tokens = 0
+        self.curves = TrainingCurves(out_dir, enabled=config.run.tensorboard)
 
     def count(self, tokens: int) -> None:
         """Tokens trained by all drafters in one step (every step, logged or not)."""
@@ -162,6 +164,7 @@ class RoleMetrics:
         )
         with open(self.path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
+        self.curves.write(row)
         return row
 
     def truncate(self, step: int) -> None:

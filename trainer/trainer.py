@@ -20,9 +20,11 @@ import torch
 
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig, with_overrides
+from trainer.curves import TrainingCurves
 from trainer.data import BatchStream, DataPosition, load_data, repeat_note
-from trainer.evaluate import EvalReport, TauProbe, split_holdout
+from trainer.evaluate import split_holdout
 from trainer.pipeline import COMPILE_NOTE, DrafterWorker, StepResult, TargetWorker
+from trainer.probe import ProbeReport, TauProbe
 from trainer.target import load_target
 
 log = logging.getLogger("trainer")
@@ -81,7 +83,9 @@ class Trainer:
             self.emit(COMPILE_NOTE)
         samples = load_data(cfg, self.out_dir, emit=self.emit)
         samples, held_out = split_holdout(samples, cfg.data.holdout)
-        self.probe = TauProbe.from_config(cfg, target, held_out)
+        self.probe = TauProbe.from_config(cfg, target, held_out, samples)
+        self.last_probe: ProbeReport | None = None
+        self.curves = TrainingCurves(self.out_dir, enabled=cfg.run.tensorboard)
         self.stream = BatchStream(
             samples, cfg.data, block_size=cfg.model.block_size, seed=cfg.run.seed
         )
@@ -159,18 +163,22 @@ class Trainer:
                 self.save()
         return results
 
-    def _evaluate(self) -> EvalReport | None:
-        """τ on the held-out prompts every `eval.every` steps (greedy: draws no random numbers,
-        so resume stays exact)."""
+    def _evaluate(self) -> ProbeReport | None:
+        """τ on the held-out and training prompts every `eval.every` steps (`trainer.probe`;
+        greedy: draws no random numbers, so resume stays exact)."""
         every = self.config.eval.every
         if self.probe is None or self.step % every:
             return None
-        return self.probe(self.drafter_worker.drafter)
+        report = self.probe(self.drafter_worker.drafter, step=self.step)
+        self.last_probe = report
+        if report.warning:
+            self.emit(f"warning: step {self.step}: {report.warning}")
+        return report
 
-    def _log(self, r: StepResult, elapsed: float, report: EvalReport | None = None) -> None:
+    def _log(self, r: StepResult, elapsed: float, report: ProbeReport | None = None) -> None:
         tps = r.tokens / elapsed if elapsed > 0 else 0.0
         acc = " ".join("--" if a != a else f"{100 * a:.0f}" for a in r.slot_accuracy)
-        tau = f" | tau {report.tau:.2f}" if report is not None else ""
+        tau = report.log_fields() if report is not None else ""
         self.emit(
             f"step {self.step}/{self.config.run.steps} | loss {r.loss:.4f} ce {r.ce:.4f} kl {r.kl:.4f} "
             f"cap {r.cap:.4f} | acc% {acc}{tau} | {tps:,.0f} tok/s | lr {r.lr:.2e} | gnorm {r.grad_norm:.2f}"
@@ -190,10 +198,13 @@ class Trainer:
             "epochs": self.stream.epochs,
         }
         if report is not None:
-            row["tau"] = report.tau
-            row["slot_acceptance"] = report.slot_acceptance
+            row["tau"] = report.held_out.tau
+            row["slot_acceptance"] = report.held_out.slot_acceptance
+        if self.last_probe is not None:
+            row["probe"] = self.last_probe.row()
         with open(self.out_dir / METRICS, "a") as fh:
             fh.write(json.dumps(row) + "\n")
+        self.curves.write(row)
 
     def _truncate_metrics(self, step: int) -> None:
         """Drop metrics logged after the checkpoint we resume from (they will be logged again)."""

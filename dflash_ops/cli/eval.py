@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -15,6 +16,11 @@ from dflash_ops.cli.options import (
 )
 
 app = typer.Typer()
+
+
+class Baseline(StrEnum):
+    prompt_lookup = "prompt-lookup"
+    none = "none"
 
 
 @app.command(name="eval")
@@ -42,10 +48,18 @@ def eval_(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the evaluator's report as one JSON object.")
     ] = False,
+    baseline: Annotated[
+        Baseline,
+        typer.Option(
+            "--baseline",
+            help="Also decode the prompts with this drafter and report its tau beside yours.",
+        ),
+    ] = Baseline.prompt_lookup,
     *,
     where: TargetChoice,
 ) -> None:
-    """Decode with the drafter at the place: τ, acceptance per slot, speed-up, lossless check.
+    """Decode with the drafter at the place: τ, acceptance per slot, speed-up, lossless check,
+    and the same figures for prompt lookup (n-gram drafting) on the same prompts.
 
     Runs `python -m trainer.evaluate` in the foreground, in the current release with its
     train.toml, the target's python and the [job] env; prints its report and exits with its
@@ -56,6 +70,7 @@ def eval_(
       dflash eval --prompts /data/heldout.jsonl
       dflash eval --prompts /data/heldout.jsonl --checkpoint step-00000300 --limit 16
       dflash eval --prompts /data/heldout.jsonl --max-new-tokens 128 --json
+      dflash eval --prompts /data/heldout.jsonl --baseline none
     """
     with workspace(ctx, where) as ws:
         request = evaluation.EvalRequest(
@@ -64,6 +79,7 @@ def eval_(
             max_new_tokens=max_new_tokens,
             limit=limit,
             as_json=as_json,
+            baseline=baseline.value,
         )
         stream = evaluation.start(ws, request)
         code = drain(stream, what="evaluation", failure=lambda s: evaluation.failure(ws, s))

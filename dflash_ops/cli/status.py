@@ -36,7 +36,9 @@ def status(
     where: TargetChoice,
 ) -> None:
     """Show whether the job runs (or its exit code), since when, the release, the last log
-    lines, the latest loss and throughput the trainer logged, and one line per GPU of the place
+    lines, the latest loss and throughput the trainer logged, its last τ probe (held out, on
+    training prompts, prompt lookup's; with a warning when the drafter memorises its training
+    data), and one line per GPU of the place
     (role, utilisation and memory from nvidia-smi, torch's memory of the rank on it), with each
     role's tokens/s, waiting share and the batches in flight of a target/drafter split.
 
@@ -73,6 +75,11 @@ def _print_human(report: dict[str, Any]) -> None:
     metrics = report["metrics"]
     if metrics:
         say(f"[bold]metrics[/bold]  {escape(_metrics(metrics))}")
+        probe = metrics.get("probe")
+        if isinstance(probe, dict):
+            say(f"[bold]tau[/bold]      {escape(_probe(probe))}")
+            if probe.get("warning"):
+                say(f"[bold yellow]warning[/bold yellow]  {escape(str(probe['warning']))}")
     if report.get("split"):
         say(f"[bold]split[/bold]    {escape(_split(report['split']))}")
     if report.get("gpus") is not None:
@@ -107,6 +114,20 @@ def _metrics(metrics: dict[str, Any]) -> str:
     if isinstance(metrics.get("tokens_per_s"), (int, float)):
         parts.append(f"{metrics['tokens_per_s']:,.0f} tokens/s")
     return " · ".join(parts) or json.dumps(metrics)
+
+
+def _probe(probe: dict[str, Any]) -> str:
+    """The trainer's last τ probe: held out, on training prompts, prompt lookup's."""
+    parts = [f"{_tau(probe.get('tau'))} held out"]
+    if probe.get("tau_train") is not None:
+        parts.append(f"{_tau(probe['tau_train'])} on training prompts")
+    if probe.get("tau_prompt_lookup") is not None:
+        parts.append(f"prompt lookup {_tau(probe['tau_prompt_lookup'])}")
+    return " · ".join(parts) + f" (step {probe.get('step', '?')})"
+
+
+def _tau(value: object) -> str:
+    return f"{value:.2f}" if isinstance(value, (int, float)) else "?"
 
 
 def _split(split: dict[str, Any]) -> str:
