@@ -174,6 +174,7 @@ class Steps:
     archive: bool = False  # archive the checkpoints after the stop
     preflight: bool = False  # tmux and python first
     start: bool = True  # start the job (of `current`) at the end
+    save: bool = True  # the stop gives the job `stop_timeout` to save (False: SIGTERM at once)
 
     @property
     def release(self) -> str | None:
@@ -214,7 +215,7 @@ def argv(plan: DeployPlan, steps: Steps, owner: Owner, *, mode: str, archive: st
         plan.lock.path, owner.text(), mode, plan.checkpoints.path, archive,
         _flag(steps.preflight), _flag(steps.start),
         str(len(probe)), *probe,
-        *plan.job.stop_args(),
+        *plan.job.stop_args(save=steps.save),
         *plan.job.start_args(plan.launch, cwd=plan.cwd, env=plan.env),
     ]  # fmt: skip
 

@@ -167,14 +167,14 @@ def launcher(config: Path, out: Path, *, procs: int, targets: int) -> subprocess
 
 def split_stop_and_resume(
     tmp_path: Path,
-    assets: Path,
+    folder: Path,
     *,
     procs: int,
     targets: int,
     steps: int,  # noqa: F811
 ) -> tuple[Path, int, list[dict]]:
     out = tmp_path / f"split-{uuid.uuid4().hex[:8]}"
-    cfg = write_config(tmp_path / "c.toml", assets, steps=steps, checkpoint_every=0)
+    cfg = write_config(tmp_path / "c.toml", folder, steps=steps, checkpoint_every=0)
     proc = launcher(cfg, out, procs=procs, targets=targets)
     wait_for_rows(proc, out, 2)
     proc.send_signal(signal.SIGINT)

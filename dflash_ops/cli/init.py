@@ -9,7 +9,7 @@ import typer
 
 from dflash_ops import init as init_lib
 from dflash_ops.cli import output
-from dflash_ops.cli.context import Globals
+from dflash_ops.cli.context import Globals, command
 from dflash_ops.cli.options import AcceptKeyOption, CtOption, HostOption, PortOption, UserOption
 from dflash_ops.config import DEFAULT_CONFIG_NAME, Target
 from dflash_ops.errors import ConfigError, DflashError
@@ -78,7 +78,7 @@ def init_command(
         + (f", {split} for the target model" if split else "")
         + "."
     )
-    output.info("Next: dflash doctor, then dflash deploy.")
+    output.info(f"Next: {command(ctx, 'doctor')}, then {command(ctx, 'deploy')}.")
 
 
 def _gpus(target: Target, *, accept_new_host_key: bool) -> init_lib.GpuInfo:
