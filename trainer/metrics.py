@@ -23,6 +23,7 @@ and:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -176,10 +177,10 @@ def append_row(path: Path, row: dict) -> None:
         try:
             written = os.write(fd, data)
             if written != len(data):
-                raise OSError(28, f"No space left on device (wrote {written} of {len(data)} bytes)")
-        except OSError:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as exc:
             os.ftruncate(fd, before)
-            raise
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
     finally:
         os.close(fd)
 

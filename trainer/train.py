@@ -28,7 +28,7 @@ import os
 import signal
 import sys
 
-from trainer.checkpoint import RunFinished
+from trainer.checkpoint import CheckpointWriteFailed, RunFinished
 from trainer.config import load_config
 from trainer.errors import TrainerError
 from trainer.stopping import StopRequest
@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunFinished as exc:
         print(f"{exc}", flush=True)
         return 0
+    except CheckpointWriteFailed as exc:  # a full disk: the earlier checkpoints stay valid
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except TrainerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
