@@ -90,6 +90,11 @@ class RoleMetrics:
         self.prev_time = time.perf_counter()
         self.pending_tokens = 0
 
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` (a checkpoint write) out of the next row's tokens/s: it measures
+        training, not the pauses between steps."""
+        self.prev_time += seconds
+
     def count(self, tokens: int) -> None:
         """Tokens trained by all drafters in one step (every step, logged or not)."""
         self.pending_tokens += tokens

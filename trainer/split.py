@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -394,9 +395,12 @@ def _run_drafter(
                 or stopping.at is not None
             )
         ):
+            began = time.perf_counter()
             next_batch = first + (step - start_step) * d
             saved = _save(worker, config, out_dir, step, next_batch, per_epoch, resolved)
             emit(f"checkpoint {saved.name}")
+            if metrics:
+                metrics.exclude(time.perf_counter() - began)
         if stopping.at is not None:
             store.add("stop_settled", 1)
             if lead:

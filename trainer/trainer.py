@@ -163,7 +163,7 @@ class Trainer:
             self.step += 1
             elapsed = time.perf_counter() - start
             results.append(result)
-            report = self._evaluate()
+            report = self._evaluate()  # after `elapsed`: tokens/s never counts the evaluation
             if report is not None or self.step % run.log_every == 0 or self.step == until:
                 self._log(result, elapsed, report)
             saved = None
