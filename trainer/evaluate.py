@@ -34,7 +34,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -271,9 +271,11 @@ def evaluate(
     max_new_tokens: int,
     check_lossless: bool = True,
     eos: Sequence[int] | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
 ) -> EvalReport:
     """Speculative decoding over `prompts`; with `check_lossless`, also plain greedy decoding
-    of each prompt, and `LosslessViolation` on the first differing token."""
+    of each prompt, and `LosslessViolation` on the first differing token. `progress(done,
+    total, τ so far)` after each prompt (a long evaluation is not silent until its end)."""
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be ≥ 1")
     if not prompts:
@@ -285,6 +287,10 @@ def evaluate(
         if check_lossless:
             _check_lossless(target, i, prompt, res.tokens, max_new_tokens, eos)
         results.append(res)
+        if progress is not None:
+            so_far = [a for r in results for a in r.accepted]
+            tau = (sum(so_far) + len(so_far)) / len(so_far) if so_far else float("nan")
+            progress(i + 1, len(prompts), tau)
     accepted = [a for r in results for a in r.accepted]
     verifies = len(accepted)
     new_tokens = sum(len(r.tokens) for r in results)
@@ -520,7 +526,8 @@ def run(args: argparse.Namespace) -> EvalReport:
     )
     drafter, step = load_drafter(config, ckpt_path, target)
     prompts = load_prompts(args.prompts, tokenizer_dir=config.model.target, limit=args.limit)
-    log.info("evaluating step %d on %d prompts", step, len(prompts))
+    say = None if args.json else _say  # --json: stdout holds the report alone
+    (say or log.info)(f"evaluating step {step} on {len(prompts)} prompts")
     block = DFlashDrafter(
         drafter, embed_weight=target.embed_weight, lm_head_weight=target.lm_head_weight
     )
@@ -530,7 +537,19 @@ def run(args: argparse.Namespace) -> EvalReport:
         prompts,
         max_new_tokens=args.max_new_tokens,
         check_lossless=not args.no_lossless_check,
+        progress=None if say is None else _progress_printer(say),
     )
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # flushed: `dflash eval` streams stdout as it comes
+
+
+def _progress_printer(say: Callable[[str], None]) -> Callable[[int, int, float], None]:
+    def progress(done: int, total: int, tau: float) -> None:
+        say(f"prompt {done}/{total} done: tau so far {tau:.2f}")
+
+    return progress
 
 
 def main(argv: list[str] | None = None) -> int:
