@@ -110,8 +110,10 @@ def test_eval_errors(deployed: Deployed, tmp_path: Path) -> None:
     )  # fmt: skip
     assert no_step.returncode == 1 and "dflash checkpoints" in no_step.stderr
 
-    relative = dflash(deployed.project, "eval", "--prompts", "prompts.jsonl")
-    assert relative.returncode == 1 and "absolute" in relative.stderr
+    relative = dflash(deployed.project, "eval", "--prompts", "missing.jsonl")  # local: from here
+    assert (
+        relative.returncode == 1 and f"{deployed.project}/missing.jsonl does not" in relative.stderr
+    )
     outside = dflash(
         deployed.project, "eval", "--prompts", str(deployed.prompts), "--checkpoint", "../x"
     )
@@ -148,6 +150,11 @@ def test_eval_over_ssh(deployed: Deployed, ssh_home: object, tmp_path: Path) -> 
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     check_report(result.stdout)
+    relative = dflash(
+        tmp_path, "eval", "--target", "box", "--host", "testbox", "--prompts", "prompts.jsonl"
+    )
+    assert relative.returncode == 1 and "relative path" in relative.stderr
+    assert "hint: Pass the file's absolute path there" in relative.stderr
 
 
 def test_eval_streams_progress_as_it_goes(deployed: Deployed, tmp_path: Path) -> None:

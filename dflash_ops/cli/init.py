@@ -54,7 +54,10 @@ def init_command(
     path = (root.config or Path(DEFAULT_CONFIG_NAME)).expanduser().absolute()
     init_lib.check_target_file(path, force=force)  # before connecting anywhere
     if ct is not None and host is None:
-        raise ConfigError("--ct needs --host: the container lives on a Proxmox node.")
+        raise ConfigError(
+            "--ct needs --host: the container lives on a Proxmox node.",
+            hint="Name the node as well: dflash init --host <proxmox node> --ct <id>",
+        )
     place_kind = "local" if host is None else "ssh" if ct is None else "proxmox"
     target = Target(  # only the connection fields matter: it is used to ask for the GPUs
         name="init",
