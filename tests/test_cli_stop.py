@@ -7,24 +7,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tests.cli_helpers import REPO, Where, dflash, kill_tmux_server
+from tests.cli_helpers import REPO, Where, dflash
+from tests.test_rollback import local  # noqa: F401 (a fixture)
 from tests.test_train import assets, write_toml  # noqa: F401 (a fixture)
-
-
-@pytest.fixture
-def local(tmp_path: Path) -> Iterator[Where]:
-    project = tmp_path / "project"
-    project.mkdir()
-    root = project / ".dflash" / "local"
-    spot = Where("local", project, [], root, root / "checkpoints", f"dft-{uuid.uuid4().hex[:10]}")
-    yield spot
-    kill_tmux_server(spot.socket)
 
 
 def trainer_job(where: Where, config: Path, steps: int, *, stop_timeout: float = 30) -> None:
@@ -79,7 +66,7 @@ def test_stop_no_save_ends_the_job_without_a_checkpoint(local: Where, tmp_path, 
     assert not list(local.checkpoints.glob("step-*")) and not list(local.checkpoints.glob(".tmp-*"))
 
 
-def test_force_resume_reaches_this_start_only(local: Where) -> None:
+def test_force_resume_reaches_this_start_only(local: Where) -> None:  # noqa: F811
     local.config('echo "force=${DFLASH_FORCE_RESUME:-}"; sleep 30')
     usage = local.run("deploy", "--force-resume")
     assert usage.returncode == 2 and "--force-resume needs --resume" in usage.stderr
@@ -98,7 +85,7 @@ def test_force_resume_reaches_this_start_only(local: Where) -> None:
     assert log.read_text().splitlines()[-1] == "force="
 
 
-def test_hints_carry_the_config_file(local: Where) -> None:
+def test_hints_carry_the_config_file(local: Where) -> None:  # noqa: F811
     local.config("sleep 30")
     other = local.project / "other.toml"
     (local.project / "deploy.toml").rename(other)

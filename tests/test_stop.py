@@ -51,6 +51,20 @@ def wait_for_rows(proc: subprocess.Popen[str], out: Path, n: int, timeout: float
         time.sleep(0.05)
 
 
+def interrupt(proc: subprocess.Popen[str], out: Path, *, after_rows: int, steps: int) -> int:
+    """SIGINT once `after_rows` rows are logged: the run saves, exits 0 and names the step N,
+    and the newest verified checkpoint is step N."""
+    wait_for_rows(proc, out, after_rows)
+    proc.send_signal(signal.SIGINT)
+    log = finish(proc, 90)
+    assert proc.returncode == 0, log[-4000:]
+    n = stopped_step(log)
+    assert after_rows <= n < steps, log[-3000:]
+    found = find_resumable(out)
+    assert found.manifest is not None and found.manifest.step == n
+    return n
+
+
 def stopped_step(log: str) -> int:
     line = next(x for x in log.splitlines() if x.startswith("stopped at step"))
     assert "checkpoint saved to" in line, line
@@ -67,14 +81,7 @@ def test_sigint_during_a_step_saves_it_and_resume_continues_exactly(tmp_path, as
     cfg = write_toml(tmp_path / "c.toml", assets)
     out = tmp_path / "run"
     proc = train(cfg, out, "--set", f"run.steps={steps}")
-    wait_for_rows(proc, out, 3)
-    proc.send_signal(signal.SIGINT)
-    log = finish(proc, 60)
-    assert proc.returncode == 0, log[-3000:]
-    n = stopped_step(log)
-    assert 3 <= n < steps, log[-3000:]
-    found = find_resumable(out)
-    assert found.manifest is not None and found.manifest.step == n
+    n = interrupt(proc, out, after_rows=3, steps=steps)
     assert [r["step"] for r in rows(out)][-1] == n  # every completed step is logged and saved
     resumed = subprocess.run(
         [sys.executable, "-m", "trainer.train", "--config", str(cfg), "--out", str(out),
@@ -176,15 +183,8 @@ def split_stop_and_resume(
     out = tmp_path / f"split-{uuid.uuid4().hex[:8]}"
     cfg = write_config(tmp_path / "c.toml", folder, steps=steps, checkpoint_every=0)
     proc = launcher(cfg, out, procs=procs, targets=targets)
-    wait_for_rows(proc, out, 2)
-    proc.send_signal(signal.SIGINT)
-    log = finish(proc, 90)
-    assert proc.returncode == 0, log[-4000:]
-    n = stopped_step(log)
-    assert 2 <= n < steps, log[-3000:]
+    n = interrupt(proc, out, after_rows=2, steps=steps)
     first = [json.loads((out / "ranks" / f"rank-{r}.json").read_text()) for r in range(procs)]
-    found = find_resumable(out)
-    assert found.manifest is not None and found.manifest.step == n
     proc = launcher(cfg, out, procs=procs, targets=targets)
     log2 = finish(proc, 90)
     assert proc.returncode == 0, log2[-4000:]
