@@ -215,3 +215,17 @@ def test_split_stop_two_drafters_agree_on_the_step(tmp_path, split_assets) -> No
     assert ranks[1]["batches"] == ranks[2]["batches"] == n  # both drafters stopped at step n
     assert ranks[4]["params_sha256"] == ranks[5]["params_sha256"]
     assert [r["step"] for r in rows(out)] == list(range(1, steps + 1))
+
+
+def test_a_stop_before_the_first_step_ends_at_once(tmp_path, assets) -> None:  # noqa: F811
+    """Nothing is trained yet (torch and the target still load): nothing to save, no waiting."""
+    cfg = write_toml(tmp_path / "c.toml", assets)
+    out = tmp_path / "run"
+    proc = train(cfg, out, "--set", "run.steps=100000")
+    time.sleep(1.5)  # past the handler's installation (before torch is imported)
+    assert proc.poll() is None and not (out / "metrics.jsonl").exists()
+    proc.send_signal(signal.SIGINT)
+    log = finish(proc, 30)
+    assert proc.returncode == 130, log[-3000:]
+    assert "interrupted" in log and "Traceback" not in log
+    assert find_resumable(out).path is None

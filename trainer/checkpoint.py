@@ -67,6 +67,8 @@ class ScheduleChanged(TrainerError):
 class RunFinished(TrainerError):
     """The newest checkpoint is already at (or past) run.steps: nothing is left to train."""
 
+    exit_code = 0  # a finished run is not a failure
+
     hint = (
         "To train longer, raise run.steps and set run.extend = true; to start over, "
         "dflash restart --clean (the checkpoints are archived, not deleted)."
@@ -75,6 +77,8 @@ class RunFinished(TrainerError):
 
 class CheckpointWriteFailed(TrainerError):
     """A checkpoint could not be written (disk full, permissions); earlier ones are intact."""
+
+    exit_code = 1  # as any other full disk (docs/reliability.md)
 
     hint = (
         "Free space or fix permissions in the run folder; training resumes from the last good one."

@@ -163,6 +163,7 @@ def run_split(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stop = stop or StopRequest()
+    stop.begin()  # the ranks agree on a stop at a step: a signal during start-up waits for it
     watch = TerminationWatch(roles, stop)
     session = session or Session(roles)
     watch.session = session

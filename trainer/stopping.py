@@ -7,6 +7,8 @@ the step it is in (and a checkpoint write already under way), writes a verified 
 that step, logs `stopped at step N, checkpoint saved to …` and returns; the entry point exits 0.
 A second signal raises `KeyboardInterrupt` at once (a checkpoint write it interrupts removes its
 temp folder, so only complete checkpoints stay): the user, or the stop timeout, still wins.
+Before the loop has started (`begin`) there is nothing to save, so the first signal already
+ends the process: a stop right after a deploy does not wait for the target to load.
 
 Split runs: torchrun forwards the signal to every worker (each in its own session); the ranks
 agree on the step through the drafters' per-step all-reduce and the control store
@@ -35,6 +37,11 @@ class StopRequest:
         self._event = threading.Event()
         self._lock = threading.Lock()
         self.signal_name: str | None = None
+        self.begun = False
+
+    def begin(self) -> None:
+        """From now on a signal asks for a graceful stop (training has started)."""
+        self.begun = True
 
     @property
     def requested(self) -> bool:
@@ -64,6 +71,8 @@ class StopRequest:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if not self.begun:
+            raise KeyboardInterrupt
         if not self.request(signal.Signals(signum).name):
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt

@@ -28,7 +28,6 @@ import os
 import signal
 import sys
 
-from trainer.checkpoint import CheckpointWriteFailed, RunFinished
 from trainer.config import load_config
 from trainer.errors import TrainerError
 from trainer.stopping import StopRequest
@@ -80,15 +79,13 @@ def main(argv: list[str] | None = None) -> int:
             from trainer.trainer import Trainer
 
             Trainer(config, args.out, force_resume=force, stop=stop).run()
-    except RunFinished as exc:
-        print(f"{exc}", flush=True)
-        return 0
-    except CheckpointWriteFailed as exc:  # a full disk: the earlier checkpoints stay valid
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except TrainerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except TrainerError as exc:  # its `exit_code`: 0 nothing left to do, 1 a full disk, else 2
+        code = getattr(exc, "exit_code", 2)
+        if code == 0:
+            print(f"{exc}", flush=True)
+        else:
+            print(f"error: {exc}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         print("interrupted; resume by starting again with the same --out", file=sys.stderr)
         return 130

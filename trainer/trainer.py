@@ -150,6 +150,8 @@ class Trainer:
         until = run.steps if until is None else min(until, run.steps)
         results = []
         saved: Path | None = None
+        if self.stop is not None:
+            self.stop.begin()
         while self.step < until:
             if self.stop is not None and self.stop.requested and not results:
                 self.emit(
