@@ -63,9 +63,16 @@ dflash_archive() {  # $1 folder, $2 destination; prints `moved` when it moved an
 _ARCHIVE = FUNCTIONS + 'dflash_archive "$@"\n'
 
 # Names of the entries of folder $1, NUL-separated; nothing when the folder does not exist.
+# With $2 = 1 a folder's size is what it holds (`du -sk`, in bytes), not its 4,096-byte entry.
 _ENTRIES = (
     '[ -d "$1" ] || exit 0\n'
-    'cd -- "$1" && find . -mindepth 1 -maxdepth 1 -printf "%f\\t%y\\t%s\\t%T@\\0"\n'
+    'cd -- "$1" || exit 1\n'
+    'if [ "${2:-0}" != 1 ]; then find . -mindepth 1 -maxdepth 1 -printf "%f\\t%y\\t%s\\t%T@\\0"; exit; fi\n'
+    'find . -mindepth 1 -maxdepth 1 ! -type d -printf "%f\\t%y\\t%s\\t%T@\\0"\n'
+    'while IFS= read -r -d "" rec; do\n'
+    "  name=${rec%$'\\t'*}; k=$(du -sk -- \"./$name\" 2>/dev/null); k=${k%%[[:space:]]*}\n"
+    '  printf "%s\\td\\t%s\\t%s\\0" "$name" "$(( ${k:-0} * 1024 ))" "${rec##*$\'\\t\'}"\n'
+    'done < <(find . -mindepth 1 -maxdepth 1 -type d -printf "%f\\t%T@\\0")\n'
 )
 
 
@@ -73,7 +80,7 @@ _ENTRIES = (
 class Entry:
     name: str
     kind: str  # "f" file, "d" folder, "l" link, … (find's %y)
-    size: int  # bytes (for folders: the folder entry itself)
+    size: int  # bytes (folders: what they hold, from `du`, when listed with sizes)
     mtime: float
 
 
@@ -104,8 +111,12 @@ class Checkpoints:
     def archive_dir(self) -> str:
         return f"{self.path}/{ARCHIVE}"
 
-    def entries(self, folder: str | None = None) -> list[Entry]:
-        result = self.place.run(["bash", "-c", _ENTRIES, "dflash-ls", folder or self.path])
+    def entries(self, folder: str | None = None, *, sizes: bool = False) -> list[Entry]:
+        """The entries of `folder` (default: the checkpoints folder); `sizes`: folders measured
+        with `du` (reads every file below them)."""
+        result = self.place.run(
+            ["bash", "-c", _ENTRIES, "dflash-ls", folder or self.path, "1" if sizes else "0"]
+        )
         entries = []
         for record in result.stdout.decode("utf-8", "surrogateescape").split("\0"):
             if not record:
@@ -129,9 +140,9 @@ class Checkpoints:
         return dest if result.stdout.strip() == b"moved" else None
 
     def list(self) -> Listing:
-        live = [e for e in self.entries() if e.name != ARCHIVE]
+        live = [e for e in self.entries(sizes=True) if e.name != ARCHIVE]
         archived = {
-            stamp.name: self.entries(f"{self.archive_dir}/{stamp.name}")
+            stamp.name: self.entries(f"{self.archive_dir}/{stamp.name}", sizes=True)
             for stamp in self.entries(self.archive_dir)
             if stamp.kind == "d"
         }

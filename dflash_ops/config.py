@@ -163,6 +163,9 @@ class Config:
         return self.path.parent
 
 
+DEFAULT_TARGET = "default"  # the name of [target]; `--target default` selects it
+
+
 def find_config(flag: str | Path | None, *, cwd: Path | None = None) -> Path:
     """`--config FILE`, else `$DFLASH_CONFIG`, else `./deploy.toml`; it must exist."""
     if flag is not None:
@@ -177,7 +180,8 @@ def find_config(flag: str | Path | None, *, cwd: Path | None = None) -> Path:
     if not path.is_file():
         raise ConfigError(
             f"No config file at {path} (from {source}).",
-            hint="Run dflash in the project folder (it has deploy.toml), or pass --config FILE.",
+            hint="Run dflash in the project folder (it has deploy.toml), pass --config FILE, "
+            "or write one with: dflash init",
         )
     return path.resolve()
 
@@ -187,7 +191,11 @@ def load_config(path: Path) -> Config:
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}.") from None
+        raise ConfigError(
+            f"{path} is not valid TOML: {exc}.",
+            hint="Fix the syntax at that line (key = value, text in quotes, [table] headers), "
+            "or write a fresh file with: dflash init --force",
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"Cannot read {path}: {exc}.") from None
     _check_keys(raw, _TOP_KEYS, prefix="", path=path)
@@ -217,7 +225,8 @@ def resolve_target(config: Config, flags: TargetFlags, *, remembered: TargetFlag
     if flags.ct is not None and flags.host is None:
         raise ConfigError(
             "--ct needs --host: the container lives on a Proxmox node that must be named.",
-            hint="Use: dflash deploy --host <proxmox node> --ct <id>, or a [targets.NAME] table.",
+            hint="Name the node as well: --host <proxmox node> --ct <id> (or use --target NAME "
+            "with a [targets.NAME] table that sets both).",
         )
     chosen = flags
     if not flags.selects and remembered is not None:
@@ -229,20 +238,24 @@ def resolve_target(config: Config, flags: TargetFlags, *, remembered: TargetFlag
             port=flags.port if flags.port is not None else remembered.port,
         )
     table: Mapping[str, Any]
-    if chosen.target is not None:
+    if chosen.target == DEFAULT_TARGET and DEFAULT_TARGET not in config.targets:
+        table, name = config.default_target, DEFAULT_TARGET  # --target default: [target]
+    elif chosen.target is not None:
         if chosen.target not in config.targets:
-            known = ", ".join(sorted(config.targets)) or "none"
-            where = "remembered in .dflash/state.json" if chosen is not flags else "given"
-            raise ConfigError(
-                f"No target named {chosen.target!r} ({where}) in {config.path}; known: {known}.",
-                hint=f"Add a [targets.{chosen.target}] table, or choose another with --target NAME.",
-            )
+            raise _no_such_target(config, chosen.target, remembered=chosen is not flags)
         table, name = config.targets[chosen.target], chosen.target
     elif chosen.host is not None:
         table, name = {}, chosen.host if chosen.ct is None else f"{chosen.host}/ct{chosen.ct}"
     else:
-        table, name = config.default_target, "default"
+        table, name = config.default_target, DEFAULT_TARGET
     fields = dict(table)
+    if fields.get("place", "local") == "local" and "host" not in fields and chosen.host is None:
+        for key in ("user", "port"):
+            if getattr(flags, key) is not None and key not in table:
+                raise ConfigError(
+                    f"--{key} is for SSH targets, but target {name!r} runs on this machine.",
+                    hint=f"Add --host HOST (or --target NAME of an ssh target), or drop --{key}.",
+                )
     if chosen.host is not None:
         fields["host"] = chosen.host
         fields["place"] = "proxmox" if chosen.ct is not None else "ssh"
@@ -253,6 +266,23 @@ def resolve_target(config: Config, flags: TargetFlags, *, remembered: TargetFlag
         if value is not None:
             fields[key] = value
     return _finish_target(name, fields, config=config)
+
+
+def _no_such_target(config: Config, name: str, *, remembered: bool) -> ConfigError:
+    names = ", ".join([DEFAULT_TARGET, *sorted(config.targets)])
+    if remembered:
+        return ConfigError(
+            f"No target named {name!r} (remembered from the last deploy in .dflash/state.json) "
+            f"in {config.path}: it was removed.",
+            hint=f"Choose one with --target ({names}; {DEFAULT_TARGET} is [target]) or "
+            "--host HOST; the next deploy remembers it.",
+        )
+    known = ", ".join(sorted(config.targets)) or "none"
+    return ConfigError(
+        f"No target named {name!r} in {config.path}; known: {known}.",
+        hint=f"Add a [targets.{name}] table, or choose another with --target NAME "
+        f"({DEFAULT_TARGET} is [target]).",
+    )
 
 
 def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> Target:

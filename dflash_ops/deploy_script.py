@@ -186,6 +186,7 @@ class Steps:
     archive: bool = False  # archive the checkpoints after the stop
     preflight: bool = False  # tmux and python first; a bundle's train.toml before the switch
     start: bool = True  # start the job (of `current`) at the end
+    save: bool = True  # the stop gives the job `stop_timeout` to save (False: SIGTERM at once)
 
     @property
     def release(self) -> str | None:
@@ -229,7 +230,7 @@ def argv(plan: DeployPlan, steps: Steps, owner: Owner, *, mode: str, archive: st
         _flag(steps.preflight), _flag(steps.start),
         str(len(probe)), *probe,
         str(len(checker)), *checker,
-        *plan.job.stop_args(),
+        *plan.job.stop_args(save=steps.save),
         *plan.job.start_args(plan.launch, cwd=plan.cwd, env=plan.env),
     ]  # fmt: skip
 

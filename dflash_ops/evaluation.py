@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from dflash_ops import shell
 from dflash_ops.errors import EvaluationError
@@ -42,6 +43,20 @@ def checkpoint_path(ws: Workspace, checkpoint: str | None) -> str:
     return shell.remote_path(checkpoint)
 
 
+def prompts_path(ws: Workspace, given: str) -> str:
+    """The prompts file at the place: a relative path is taken from the current folder when the
+    place is this machine; elsewhere the evaluator has no current folder of ours to start from."""
+    if not given.startswith("/"):
+        if ws.target.place != "local":
+            raise EvaluationError(
+                f"--prompts {given} is a relative path, and the evaluator runs on "
+                f"{ws.target.describe()}.",
+                hint="Pass the file's absolute path there, e.g. --prompts /data/heldout.jsonl",
+            )
+        given = str(Path.cwd() / given)
+    return shell.remote_path(given)
+
+
 def evaluator_argv(ws: Workspace, request: EvalRequest, *, checkpoint: str) -> list[str]:
     """`bash -c 'cd current; exec …' env K=V… python -m trainer.evaluate …` as one argv."""
     args = [
@@ -69,7 +84,7 @@ def _require(ws: Workspace, test: str, path: str, what: str, hint: str) -> None:
 def start(ws: Workspace, request: EvalRequest) -> StreamResult:
     """Check what the evaluator needs, then start it; the caller drains the stream."""
     ws.releases().require_current()  # ReleaseError: "Deploy first"
-    prompts = shell.remote_path(request.prompts)
+    prompts = prompts_path(ws, request.prompts)
     checkpoint = checkpoint_path(ws, request.checkpoint)
     _require(
         ws, "-f", prompts, "The prompts file",

@@ -346,31 +346,34 @@ class Job:
             raise _tmux_missing(self.place.description)
         self._check(TmuxResult(exit_code, stdout, stderr), "start the job")
 
-    def _stop_waits(self, timeout: float | None) -> tuple[float, float, float]:
-        """Seconds to wait after SIGINT (`stop_timeout`), SIGTERM (at most 10) and SIGKILL (5)."""
+    def _stop_waits(self, timeout: float | None, save: bool = True) -> tuple[float, float, float]:
+        """Seconds to wait after SIGINT (`stop_timeout`; none without `save`), SIGTERM (at most
+        10) and SIGKILL (5)."""
         wait = self.stop_timeout if timeout is None else timeout
-        return wait, min(wait, 10.0), 5.0
+        return (wait if save else 0.0), min(wait, 10.0), 5.0
 
-    def stop_args(self, timeout: float | None = None) -> list[str]:
+    def stop_args(self, timeout: float | None = None, *, save: bool = True) -> list[str]:
         """The arguments of `dflash_job_stop`: socket, session, and the 0.1 s ticks of each of
-        the three waits (`_stop_waits`)."""
-        ticks = [str(max(1, round(s * 10))) for s in self._stop_waits(timeout)]
+        the three waits (`_stop_waits`). `save=False`: SIGTERM follows SIGINT at once — the
+        trainer takes a second signal as "end now, without the checkpoint"."""
+        waits = self._stop_waits(timeout, save)
+        ticks = [str(max(1, round(s * 10)) if s else 0) for s in waits]
         return [self.socket, self.session, *ticks]
 
     def stop_seconds(self, timeout: float | None = None) -> float:
         """The longest `dflash_job_stop` can take, with room for the commands around it."""
         return sum(self._stop_waits(timeout)) + 30.0
 
-    def stop(self, *, timeout: float | None = None) -> JobState | None:
+    def stop(self, *, timeout: float | None = None, save: bool = True) -> JobState | None:
         """Interrupt the job, escalate, and end the session. Returns its last state, or None.
 
-        SIGINT to the job's process group (the trainer saves and exits), then SIGTERM, then
-        SIGKILL, each after waiting for the group to be gone; then `tmux kill-session`: ONE
-        command at the place, `dflash_job_stop`.
+        SIGINT to the job's process group (the trainer finishes its step, saves and exits), then
+        SIGTERM, then SIGKILL, each after waiting for the group to be gone; then `tmux
+        kill-session`: ONE command at the place, `dflash_job_stop`.
         """
         result = self.place.run(
             ["bash", "-c", FUNCTIONS + 'dflash_job_stop "$@"\n', "dflash-stop",
-             *self.stop_args(timeout)],
+             *self.stop_args(timeout, save=save)],
             check=False,
             timeout=self.stop_seconds(timeout),
         )  # fmt: skip

@@ -2,8 +2,9 @@
 
 The script is the one thing the tmux session runs (`bash <root>/current/launch.sh`). It moves to
 its own release folder, exports what the job needs to know about itself, and `exec`s the trainer
-— `python -m trainer.train --config train.toml --out <checkpoints>`, under
-`torch.distributed.run` (torchrun) when the job has more than one GPU: `--standalone` on one
+— `python -m trainer.train --config train.toml --out <checkpoints>`, under torchrun
+(`trainer.launcher`: torchrun that exits 0 when the workers stopped gracefully on a signal, and
+waits `[job] stop_timeout` + 10 s for them) when the job has more than one GPU: `--standalone` on one
 node, a c10d rendezvous at `[job] rendezvous` shared by every node when `[job] nodes` > 1 (each
 node runs the same script) — or, when `[job] command`
 is set, the user's own command, which is kept verbatim in `command.sh` and run by `bash -c`. The
@@ -40,6 +41,7 @@ class LaunchPlan:
     rdzv_id: str = "dflash"  # the same on every node: the job's session name
     command: str | None = None
     tool: tuple[str, ...] = ()  # replaces `-m trainer.train …` (e.g. `-m trainer.generate …`)
+    stop_timeout: float = 30.0  # how long `dflash stop` waits after SIGINT
 
     @classmethod
     def for_job(
@@ -63,6 +65,7 @@ class LaunchPlan:
             rdzv_id=job.session,
             command=job.command,
             tool=tool,
+            stop_timeout=job.stop_timeout,
         )
 
     @property
@@ -81,7 +84,7 @@ def trainer_argv(plan: LaunchPlan) -> list[str]:
         "--out",
         plan.checkpoints,
     ]
-    torchrun = [plan.python, "-m", "torch.distributed.run"]
+    torchrun = [plan.python, "-m", "trainer.launcher"]
     per_node = ["--nproc-per-node", str(max(plan.gpus, 1))]
     if plan.nodes > 1:
         if plan.rendezvous is None:
@@ -116,6 +119,7 @@ def render(plan: LaunchPlan) -> str:
         "DFLASH_CHECKPOINTS": plan.checkpoints,
         "DFLASH_GPUS": str(plan.gpus),
         "DFLASH_PYTHON": plan.python,
+        "DFLASH_STOP_TIMEOUT": f"{plan.stop_timeout:g}",
     }
     if plan.nodes > 1:
         exports["DFLASH_NODES"] = str(plan.nodes)

@@ -33,6 +33,7 @@ from dflash_ops.workspace import Workspace
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
+FORCE_RESUME_ENV = "DFLASH_FORCE_RESUME"  # read by trainer.train
 
 
 def _quiet(_: str) -> None:
@@ -61,9 +62,12 @@ def launch_argv(ws: Workspace) -> list[str]:
     return ["bash", f"{ws.target.root}/current/launch.sh"]
 
 
-def remote_plan(ws: Workspace, *, warn: Say) -> deploy_script.DeployPlan:
+def remote_plan(
+    ws: Workspace, *, warn: Say, env: dict[str, str] | None = None
+) -> deploy_script.DeployPlan:
     """The target's parts as the one-command script needs them. Opens the place without the
-    container check: the script's command is that check (see `Workspace.open`)."""
+    container check: the script's command is that check (see `Workspace.open`). `env`: added
+    to `[job] env` for this start only."""
     ws.open(check=False)
     return deploy_script.DeployPlan(
         setup=Setup.of(ws),
@@ -73,7 +77,7 @@ def remote_plan(ws: Workspace, *, warn: Say) -> deploy_script.DeployPlan:
         checkpoints=ws.checkpoints(),
         launch=launch_argv(ws),
         cwd=f"{ws.target.root}/current",
-        env=dict(ws.config.job.env),
+        env={**ws.config.job.env, **(env or {})},
     )
 
 
@@ -81,6 +85,7 @@ def deploy(
     ws: Workspace,
     *,
     resume: bool = False,
+    force_resume: bool = False,
     force: bool = False,
     say: Say = _quiet,
     warn: Say | None = None,
@@ -89,8 +94,11 @@ def deploy(
     """Build the bundle here, then do everything at the place in ONE command
     (`deploy_script`): preflight (tmux, python), lock, unpack, switch, prune, stop, archive,
     start, unlock. A held lock costs `DeployLock.acquire`'s commands and one more run.
-    `tool` makes the job run another trainer module than `trainer.train` (`dflash generate`)."""
-    remote = remote_plan(ws, warn=warn or say)
+    `tool` makes the job run another trainer module than `trainer.train` (`dflash generate`).
+    `force_resume`: this start of the trainer resumes even from a checkpoint written with other
+    model/data settings (`DFLASH_FORCE_RESUME=1` in its env; later restarts do not)."""
+    extra = {FORCE_RESUME_ENV: "1"} if force_resume else None
+    remote = remote_plan(ws, warn=warn or say, env=extra)
     plan = LaunchPlan.for_job(
         ws.config.job,
         release_id=new_release_id(),
@@ -158,9 +166,12 @@ def rollback(
     return RestartReport(release=target, stopped=done.stopped, archived=None, started=done.started)
 
 
-def stop(ws: Workspace, *, force: bool = False, say: Say = _quiet) -> JobState | None:
-    """SIGINT → SIGTERM → SIGKILL, end the session: one command at the place, under the lock."""
-    steps = deploy_script.Steps(doing="stop", start=False)
+def stop(
+    ws: Workspace, *, force: bool = False, save: bool = True, say: Say = _quiet
+) -> JobState | None:
+    """SIGINT → SIGTERM → SIGKILL, end the session: one command at the place, under the lock.
+    `save=False`: SIGTERM right after SIGINT, so the trainer ends without its stop checkpoint."""
+    steps = deploy_script.Steps(doing="stop", start=False, save=save)
     return deploy_script.run(remote_plan(ws, warn=say), steps, force=force).stopped
 
 

@@ -95,3 +95,15 @@ def test_write_failure_leaves_previous_intact(tmp_path) -> None:
     assert ckpt.find_resumable(tmp_path).path == tmp_path / "step-00000001"
     assert json.loads((tmp_path / "step-00000001" / "manifest.json").read_text())["step"] == 1
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+
+
+@pytest.mark.parametrize(
+    "text", [b'{"step": 2, "sha', b"\xff\xfe not utf-8", b"[1, 2]", b'{"step": 2, "extra": 1}']
+)
+def test_a_torn_or_foreign_manifest_is_skipped_not_fatal(tmp_path, text: bytes) -> None:
+    for step in (1, 2):
+        ckpt.save_checkpoint(tmp_path, step, state(step), CFG, keep_last=5)
+    (tmp_path / "step-00000002" / "manifest.json").write_bytes(text)
+    found = ckpt.find_resumable(tmp_path)
+    assert found.path == tmp_path / "step-00000001"
+    assert "unreadable manifest" in dict((p.name, w) for p, w in found.skipped)["step-00000002"]

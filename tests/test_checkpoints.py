@@ -65,3 +65,14 @@ def test_list_live_and_archived(folder: Path) -> None:
 def test_unsafe_folders_are_refused(path: str) -> None:
     with pytest.raises(CheckpointPathError):
         checkpoints(path)
+
+
+def test_list_gives_folders_the_size_of_what_they_hold(folder: Path) -> None:
+    (folder / "step-100" / "state.pt").write_bytes(b"s" * 3_000_000)
+    (folder / "tab\tname").mkdir()
+    ck = checkpoints(folder)
+    live = {e.name: e for e in ck.list().live}
+    assert 3_000_000 <= live["step-100"].size < 3_200_000  # du, not the 4,096-byte entry
+    assert live["metrics.jsonl"].size == len('{"step": 100}\n')  # files: their own size
+    assert live["tab\tname"].kind == "d" and live["odd name\nwith newline; $(x)"].kind == "f"
+    assert {e.name for e in ck.entries()} == set(live)  # without sizes: the same entries

@@ -93,7 +93,12 @@ def test_eval_json_on_the_newest_and_a_named_checkpoint(deployed: Deployed) -> N
         "--checkpoint", names[0], "--max-new-tokens", "8", "--limit", "1",
     )  # fmt: skip
     assert named.returncode == 0, named.stderr
-    drafter, lookup, versus = named.stdout.splitlines()
+    lines = named.stdout.splitlines()
+    assert lines[:2] == [
+        f"evaluating step {int(names[0][5:])} on 1 prompts",
+        "prompt 1/1 done: tau so far " + lines[1].rsplit(" ", 1)[1],
+    ]
+    drafter, lookup, versus = lines[2:]
     assert drafter.startswith("drafter        tau ") and drafter.endswith("| lossless")
     assert "1 prompts, B=4" in drafter
     assert lookup.startswith("prompt lookup  tau ") and lookup.endswith("| lossless")
@@ -119,8 +124,10 @@ def test_eval_errors(deployed: Deployed, tmp_path: Path) -> None:
     )  # fmt: skip
     assert no_step.returncode == 1 and "dflash checkpoints" in no_step.stderr
 
-    relative = dflash(deployed.project, "eval", "--prompts", "prompts.jsonl")
-    assert relative.returncode == 1 and "absolute" in relative.stderr
+    relative = dflash(deployed.project, "eval", "--prompts", "missing.jsonl")  # local: from here
+    assert (
+        relative.returncode == 1 and f"{deployed.project}/missing.jsonl does not" in relative.stderr
+    )
     outside = dflash(
         deployed.project, "eval", "--prompts", str(deployed.prompts), "--checkpoint", "../x"
     )
@@ -157,3 +164,34 @@ def test_eval_over_ssh(deployed: Deployed, ssh_home: object, tmp_path: Path) -> 
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     check_report(result.stdout)
+    relative = dflash(
+        tmp_path, "eval", "--target", "box", "--host", "testbox", "--prompts", "prompts.jsonl"
+    )
+    assert relative.returncode == 1 and "relative path" in relative.stderr
+    assert "hint: Pass the file's absolute path there" in relative.stderr
+
+
+def test_eval_streams_progress_as_it_goes(deployed: Deployed, tmp_path: Path) -> None:
+    """Each prompt's line arrives while the evaluator still works on the next ones."""
+    import os
+    import subprocess
+
+    lines = (deployed.root / "demo-assets" / "train.jsonl").read_text().splitlines()[:6]
+    prompts = tmp_path / "six.jsonl"
+    prompts.write_text("\n".join(lines) + "\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dflash_ops", "eval", "--prompts", str(prompts),
+         "--max-new-tokens", "48"],
+        cwd=deployed.project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("evaluating step 20 on 6 prompts")
+        assert proc.stdout.readline().startswith("prompt 1/6 done: tau so far ")
+        assert proc.poll() is None  # five prompts (and their lossless checks) still to go
+        rest = proc.stdout.read().splitlines()
+    finally:
+        proc.wait(timeout=120)
+    assert [x.split(":")[0] for x in rest[:5]] == [f"prompt {i}/6 done" for i in range(2, 7)]
+    assert rest[5].startswith("tau ") and proc.returncode == 0

@@ -18,6 +18,12 @@ import pytest
 from tests.cli_helpers import REPO, Where, kill_tmux_server
 
 
+def _default_sigint() -> None:
+    # A suite started in the background by a non-interactive shell inherits SIGINT ignored, and
+    # so would the follower: give it the default, as a terminal's Ctrl-C finds it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_follow(where: Where) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.Popen(
@@ -27,6 +33,7 @@ def start_follow(where: Where) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_sigint,
     )
 
 

@@ -126,7 +126,7 @@ def test_sigkill_while_writing_a_checkpoint_resumes_from_the_previous(tmp_path: 
     torn = int(caught.split("-")[2])
     assert found.manifest is not None and found.manifest.step >= torn - 1
     resumed = subprocess.run(
-        trainer_cmd(config, out, "--set", f"run.steps={found.manifest.step + 2}",
+        trainer_cmd(config, out, "--set", f"run.steps={found.manifest.step + 2}", "--set", "run.extend=true",
                     "--set", "run.checkpoint_every=1"),
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -143,7 +143,7 @@ mount -t tmpfs -o size=3m tmpfs "$1"
 "$2" -m trainer.train --config "$3" --out "$1/run" --set run.steps=1 --set run.checkpoint_every=1 \
   >/dev/null 2>&1 || { echo "first run failed" >&2; exit 9; }
 dd if=/dev/zero of="$1/filler" bs=64k 2>/dev/null
-"$2" -m trainer.train --config "$3" --out "$1/run" --set run.steps=3 --set run.checkpoint_every=1 \
+"$2" -m trainer.train --config "$3" --out "$1/run" --set run.steps=3 --set run.checkpoint_every=1 --set run.extend=true \
   > "$4/second.out" 2> "$4/second.err"
 echo "exit=$?" > "$4/second.code"
 "$2" -c "

@@ -114,7 +114,7 @@ def test_launch_over_several_nodes() -> None:
     )
     train = ["-m", "trainer.train", "--config", TRAIN_CONFIG, "--out", "/ck"]
     assert argv == [
-        "py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "8",
+        "py", "-m", "trainer.launcher", "--nnodes", "2", "--nproc-per-node", "8",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "[fd00::1]:29400", "--rdzv-id", "run-7",
         *train,
     ]  # fmt: skip

@@ -127,7 +127,7 @@ def test_launch_single_process(tmp_path: Path, fake_python: Path) -> None:
 def test_launch_torchrun_over_gpus(tmp_path: Path, fake_python: Path) -> None:
     out = run_launch(tmp_path, plan(python=str(fake_python), gpus=8, target_gpus=5)).splitlines()
     args = [line[4:] for line in out if line.startswith("arg:")]
-    assert args[:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8"]
+    assert args[:5] == ["-m", "trainer.launcher", "--standalone", "--nproc-per-node", "8"]
     assert args[5:] == ["-m", "trainer.train", "--config", "train.toml", "--out", "/ck"]
     assert "DFLASH_TARGET_GPUS=5" in out and "DFLASH_GPUS=8" in out
 

@@ -188,7 +188,7 @@ def test_two_targets_one_drafter_and_resume(tmp_path, assets) -> None:
     check_exactly_once(ranks, expected=4)
     assert all(r["batches"] > 0 for r in ranks[:2]), "both targets should have produced"
     # resume the same run folder for 2 more steps: batches 4 and 5 follow, nothing repeats
-    cfg = write_config(tmp_path / "c2.toml", assets, steps=6, checkpoint_every=2)
+    cfg = write_config(tmp_path / "c2.toml", assets, steps=6, checkpoint_every=2, extend=True)
     proc = torchrun(cfg, out, procs=3, targets=2)
     log2 = finish(proc, 90)
     assert proc.returncode == 0, log2[-4000:]

@@ -35,7 +35,10 @@ _TMP = re.compile(r"^\.tmp-step-\d{8}-\d+$")
 class CheckpointMismatch(TrainerError):
     """The newest checkpoint was written with other model or data settings."""
 
-    hint = "Use the same settings, train into a new --out folder, or pass --force-resume."
+    hint = (
+        "Use the same settings, train into a new --out folder, or resume anyway: "
+        "dflash deploy --resume --force-resume (python -m trainer.train: --force-resume)."
+    )
 
     def __init__(self, path: Path, keys: list[str]) -> None:
         super().__init__(f"{path} was written with different settings: {', '.join(keys)}")
@@ -43,8 +46,39 @@ class CheckpointMismatch(TrainerError):
         self.keys = keys
 
 
+class ScheduleChanged(TrainerError):
+    """The learning-rate schedule differs from the checkpoint's (e.g. run.steps raised)."""
+
+    hint = (
+        "To train on with the new schedule, set extend = true under [train.run] in deploy.toml "
+        "and run dflash deploy --resume (python -m trainer.train: --set run.extend=true); "
+        "otherwise put the old values back."
+    )
+
+    def __init__(self, path: Path, changes: list[str]) -> None:
+        super().__init__(
+            f"{path.name} was trained with another learning-rate schedule: {'; '.join(changes)} "
+            "(resuming would change the lr of every later step)"
+        )
+        self.path = path
+        self.changes = changes
+
+
+class RunFinished(TrainerError):
+    """The newest checkpoint is already at (or past) run.steps: nothing is left to train."""
+
+    exit_code = 0  # a finished run is not a failure
+
+    hint = (
+        "To train longer, raise run.steps and set run.extend = true; to start over, "
+        "dflash restart --clean (the checkpoints are archived, not deleted)."
+    )
+
+
 class CheckpointWriteFailed(TrainerError):
     """A checkpoint could not be written (disk full, permissions); earlier ones are intact."""
+
+    exit_code = 1  # as any other full disk (docs/reliability.md)
 
     hint = (
         "Free space or fix permissions in the run folder; training resumes from the last good one."
@@ -59,6 +93,8 @@ class Manifest:
     sha256: str
     created: float
     settings: dict[str, Any] = field(default_factory=dict)
+    schedule: dict[str, Any] = field(default_factory=dict)  # `TrainConfig.schedule_settings`
+    resolved: dict[str, Any] = field(default_factory=dict)  # every setting as the run used it
 
 
 @dataclass(frozen=True)
@@ -101,13 +137,21 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save_checkpoint(
-    run_dir: str | Path, step: int, state: dict[str, Any], config: TrainConfig, *, keep_last: int
+    run_dir: str | Path,
+    step: int,
+    state: dict[str, Any],
+    config: TrainConfig,
+    *,
+    keep_last: int,
+    resolved: dict[str, Any] | None = None,
 ) -> Path:
-    """Write `state` as checkpoint `step` atomically, then keep only the last `keep_last`."""
+    """Write `state` as checkpoint `step` atomically, then keep only the last `keep_last`.
+    `resolved`: the values the run chose for automatic settings (target layers, mask token,
+    γ, device), stored in the manifest over the config's own."""
     run_dir = Path(run_dir)
     tmp = run_dir / f".tmp-step-{step:08d}-{os.getpid()}"
     try:
-        return _save(run_dir, tmp, step, state, config, keep_last=keep_last)
+        return _save(run_dir, tmp, step, state, config, keep_last=keep_last, resolved=resolved)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         os_error = _os_error(exc)
@@ -135,6 +179,7 @@ def _save(
     config: TrainConfig,
     *,
     keep_last: int,
+    resolved: dict[str, Any] | None,
 ) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     final = run_dir / f"step-{step:08d}"
@@ -151,6 +196,8 @@ def _save(
         sha256=_sha256(tmp / STATE),
         created=time.time(),
         settings=config.model_data_settings(),
+        schedule=config.schedule_settings(),
+        resolved={**config.flat(), **(resolved or {})},
     )
     with open(tmp / MANIFEST, "w") as fh:
         json.dump(asdict(manifest), fh, indent=1, sort_keys=True)
@@ -203,7 +250,7 @@ def verify(path: Path) -> tuple[Manifest | None, str]:
         return None, "no manifest"
     try:
         manifest = read_manifest(path)
-    except (json.JSONDecodeError, TypeError) as exc:
+    except (ValueError, TypeError) as exc:  # torn or foreign JSON, bytes that are not UTF-8
         return None, f"unreadable manifest ({exc})"
     if not (path / STATE).is_file():
         return None, f"no {STATE}"
@@ -240,6 +287,23 @@ def check_compatible(found: Found, config: TrainConfig, *, force: bool = False) 
     if not force:
         raise CheckpointMismatch(found.path, keys)
     return keys
+
+
+def check_schedule(found: Found, config: TrainConfig) -> list[str]:
+    """`key old → new` for each schedule setting that differs from the checkpoint's (none for a
+    manifest written before schedules were recorded); raises `ScheduleChanged` unless
+    `run.extend`. A finished run (checkpoint step ≥ run.steps) raises `RunFinished`."""
+    assert found.path is not None and found.manifest is not None
+    old, new = found.manifest.schedule, config.schedule_settings()
+    changes = [f"{k} {old[k]} → {new[k]}" for k in sorted(new) if k in old and old[k] != new[k]]
+    if changes and not config.run.extend:
+        raise ScheduleChanged(found.path, changes)
+    if found.manifest.step >= config.run.steps:
+        raise RunFinished(
+            f"nothing left to do: {found.path.name} is at step {found.manifest.step} and "
+            f"run.steps = {config.run.steps}"
+        )
+    return changes
 
 
 def load_state(path: Path, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -167,6 +167,7 @@ class RunConfig:
     # FlexAttention tile sizes: "auto" (by the GPU's shared memory), "large", "small" (~100 KiB GPUs)
     attention_kernels: str = "auto"
     tensorboard: bool = True  # event files in <out>/tensorboard (when tensorboard is installed)
+    extend: bool = False  # resume even though the lr schedule changed (e.g. run.steps raised)
 
     def compiles_on(self, device: Any) -> bool:
         """Whether the drafter's layers are compiled on `device` (a torch.device)."""
@@ -300,6 +301,21 @@ class TrainConfig:
             if flat.get(key) == default:
                 del flat[key]
         return flat
+
+    def schedule_settings(self) -> dict[str, Any]:
+        """The settings the learning rate of every step depends on (warmup + cosine over
+        `run.steps`): changing one on resume changes the lr from the next step on."""
+        o = self.optim
+        return {
+            "run.steps": self.run.steps,
+            "optim.lr": o.lr,
+            "optim.warmup_steps": o.warmup_steps,
+            "optim.min_lr_ratio": o.min_lr_ratio,
+        }
+
+    def flat(self) -> dict[str, Any]:
+        """Every setting as flat dotted keys."""
+        return _flatten(self.to_dict())
 
     def model_data_hash(self) -> str:
         blob = json.dumps(self.model_data_settings(), sort_keys=True).encode()

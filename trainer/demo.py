@@ -100,7 +100,7 @@ def ensure_demo_assets(folder: str | Path, config: DemoConfig) -> tuple[Path, Pa
         try:
             if json.loads(marker.read_text()) == wanted:
                 return target_dir, data_path
-        except json.JSONDecodeError:
+        except ValueError:  # torn or not UTF-8: rebuilt below
             pass
     tmp = folder.with_name(folder.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.errors import TrainerError
+from trainer.stopping import StopRequest
 
 TARGET, DRAFTER = "target", "drafter"
 
@@ -157,16 +158,18 @@ class TerminationWatch:
     process groups exist; once a `Session` is attached it names the failed peer, before that it
     just says that this rank was stopped during start-up. Started only when SIGTERM is blocked."""
 
-    def __init__(self, roles: Roles) -> None:
+    def __init__(self, roles: Roles, stop: StopRequest | None = None) -> None:
         self.roles = roles
         self.session: Session | None = None
+        self.stop = stop  # the first SIGTERM with no failure behind it asks for a graceful stop
         if signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, set()):
             threading.Thread(target=self._wait, name="dflash-sigterm", daemon=True).start()
 
     def _wait(self) -> None:
         signal.sigwait({signal.SIGTERM})
-        if self.session is not None:
-            self.session.on_sigterm()
+        while self.session is not None:
+            self.session.on_sigterm(graceful=self.stop)  # returns only for a graceful stop
+            signal.sigwait({signal.SIGTERM})
         print(
             f"{self.roles.describe()} stopped by the launcher during start-up",
             file=sys.stderr,
@@ -312,11 +315,13 @@ class Session:
                     return
                 self._die(f"error: {self.roles.describe()} lost the control store ({exc})", 1)
 
-    def on_sigterm(self) -> None:
+    def on_sigterm(self, *, graceful: StopRequest | None = None) -> None:
         """Name the rank whose end made the launcher stop this one: a peer that published an
         abort message (it raised), else a local peer that is gone without having been
         SIGTERMed itself (killed, crashed). When the launcher itself is being stopped, every
-        peer marks `sigterm/<rank>` before exiting and nobody is blamed. Never returns."""
+        peer marks `sigterm/<rank>` before exiting and nobody is blamed. With no failure to
+        name, the first SIGTERM asks `graceful` for a stop after the current step and returns;
+        otherwise it never returns."""
         if self._stop.is_set():
             os._exit(143)
         me = self.roles.describe()
@@ -339,6 +344,8 @@ class Session:
             self._die(
                 f"error: {names} exited unexpectedly; the launcher stopped the other ranks", 143
             )
+        if graceful is not None and graceful.request("SIGTERM"):
+            return
         self._die(f"{me} stopped by the launcher (SIGTERM)", 143)
 
     def explain_failure(self) -> str | None:

@@ -39,7 +39,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -283,10 +283,12 @@ def evaluate(
     check_lossless: bool = True,
     eos: Sequence[int] | None = None,
     expected: Sequence[list[int]] | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
 ) -> EvalReport:
     """Speculative decoding over `prompts`; with `check_lossless`, also plain greedy decoding
     of each prompt (or its output given in `expected`, to decode it once for several drafters),
-    and `LosslessViolation` on the first differing token."""
+    and `LosslessViolation` on the first differing token. `progress(done, total, τ so far)`
+    after each prompt (a long evaluation is not silent until its end)."""
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be ≥ 1")
     if not prompts:
@@ -301,6 +303,10 @@ def evaluate(
             want = None if expected is None else expected[i]
             _check_lossless(target, i, prompt, res.tokens, max_new_tokens, eos, want=want)
         results.append(res)
+        if progress is not None:
+            so_far = [a for r in results for a in r.accepted]
+            tau = (sum(so_far) + len(so_far)) / len(so_far) if so_far else float("nan")
+            progress(i + 1, len(prompts), tau)
     accepted = [a for r in results for a in r.accepted]
     verifies = len(accepted)
     new_tokens = sum(len(r.tokens) for r in results)
@@ -406,22 +412,26 @@ def compare(
     max_new_tokens: int,
     check_lossless: bool = True,
     eos: Sequence[int] | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
 ) -> Comparison:
     """`evaluate` of the drafter and of each baseline on the same prompts; the plain greedy
-    output the lossless check needs is decoded once for all of them."""
+    output the lossless check needs is decoded once for all of them. `progress` follows the
+    drafter's prompts (see `evaluate`)."""
     expected = (
         [greedy_decode(target, p, max_new_tokens, eos=eos) for p in prompts]
         if check_lossless and baselines
         else None
     )
 
-    def one(d: BlockDrafter) -> EvalReport:
+    def one(d: BlockDrafter, progress: Callable[[int, int, float], None] | None) -> EvalReport:
         return evaluate(
             target, d, prompts, max_new_tokens=max_new_tokens,
-            check_lossless=check_lossless, eos=eos, expected=expected,
+            check_lossless=check_lossless, eos=eos, expected=expected, progress=progress,
         )  # fmt: skip
 
-    return Comparison(one(drafter), {name: one(b) for name, b in baselines.items()})
+    return Comparison(
+        one(drafter, progress), {name: one(b, None) for name, b in baselines.items()}
+    )
 
 
 # ---- during training --------------------------------------------------------------------------
@@ -567,13 +577,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_block_drafter(args: argparse.Namespace, config: Any, target: Target) -> BlockDrafter:
-    """The drafter to judge, from the command line (a training checkpoint)."""
+def load_block_drafter(
+    args: argparse.Namespace, config: Any, target: Target
+) -> tuple[BlockDrafter, str]:
+    """The drafter to judge, from the command line (a training checkpoint), and what it is."""
     drafter, step = load_drafter(config, Path(args.checkpoint), target)
-    log.info("drafter: %s (step %d)", args.checkpoint, step)
-    return DFlashDrafter(
+    block = DFlashDrafter(
         drafter, embed_weight=target.embed_weight, lm_head_weight=target.lm_head_weight
     )
+    return block, f"step {step}"
 
 
 def run(args: argparse.Namespace) -> Comparison:
@@ -593,14 +605,15 @@ def run(args: argparse.Namespace) -> Comparison:
         layers=config.model.target_layers,
         num_layers=config.model.num_target_layers,
     )
-    block = load_block_drafter(args, config, target)
+    block, what = load_block_drafter(args, config, target)
     prompts = load_prompts(
         args.prompts,
         tokenizer_dir=config.model.target,
         limit=args.limit,
         template=template_options(config),
     )
-    log.info("evaluating on %d prompts", len(prompts))
+    say = None if args.json else _say  # --json: stdout holds the report alone
+    (say or log.info)(f"evaluating {what} on {len(prompts)} prompts")
     base = baseline_drafter(
         args.baseline, block.block_size, max_n=args.lookup_max_n, min_n=args.lookup_min_n
     )
@@ -611,7 +624,19 @@ def run(args: argparse.Namespace) -> Comparison:
         prompts,
         max_new_tokens=args.max_new_tokens,
         check_lossless=not args.no_lossless_check,
+        progress=None if say is None else _progress_printer(say),
     )
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # flushed: `dflash eval` streams stdout as it comes
+
+
+def _progress_printer(say: Callable[[str], None]) -> Callable[[int, int, float], None]:
+    def progress(done: int, total: int, tau: float) -> None:
+        say(f"prompt {done}/{total} done: tau so far {tau:.2f}")
+
+    return progress
 
 
 def main(argv: list[str] | None = None) -> int:

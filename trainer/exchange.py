@@ -5,8 +5,11 @@ is cut into *segments* (the steps between two checkpoints). For segment k:
 1. a target takes the next global batch index of the segment (`s{k}/next`, atomic), only while
    it has fewer than `max_in_flight` batches produced but not yet delivered (backpressure),
    builds that batch from the data and runs the frozen target;
-2. it appends an entry to the segment's global queue: `slot = add(s{k}/tail)`, then
-   `set(s{k}/q/{slot}, header)`. The header is the small fixed set of shape/meta fields (owning
+2. it puts an entry into the segment's global queue at the slot of its offset within the
+   segment (`set(s{k}/q/{offset}, header)`, then `add(s{k}/tail)`): slot j always holds the
+   segment's j-th batch, so the batches trained after any number of steps, once the claims
+   handed out are trained, are a prefix of the segment (what a stop between checkpoints
+   saves; see `trainer.split`). The header is the small fixed set of shape/meta fields (owning
    target rank, per-target sequence number, global batch index, shapes, dtype, real tokens) as
    JSON: the store already carries it, so no header tensor and no CPU sync is needed before the
    payload;
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -158,7 +162,7 @@ class TargetEndpoint:
         k = self.s.store.add(f"s{segment}/next", 1) - 1
         return k if k < size else None
 
-    def publish(self, segment: int, index: int, features: Features) -> None:
+    def publish(self, segment: int, index: int, features: Features, *, slot: int) -> None:
         h = header_for(
             features, target=self.rank, seq=self.seq, index=index, has_last=self.has_last
         )
@@ -168,8 +172,8 @@ class TargetEndpoint:
             out.ready = torch.cuda.Event()
             out.ready.record()
         self.outgoing.append(out)
-        slot = self.s.store.add(f"s{segment}/tail", 1) - 1
         self.s.store.set(f"s{segment}/q/{slot}", h.encode())
+        self.s.store.add(f"s{segment}/tail", 1)
 
     def service(self) -> None:
         """Send claimed batches, forget delivered ones (never blocks)."""
@@ -201,9 +205,10 @@ class TargetEndpoint:
             self.outgoing.remove(o)
             self.sent_batches += 1
 
-    def wait_capacity(self) -> float:
+    def wait_capacity(self, stopping: Callable[[], bool] = lambda: False) -> float:
         """Block (servicing claims) while `max_in_flight` batches are undelivered: seconds waited
-        — time this target spent waiting on the drafters."""
+        — time this target spent waiting on the drafters. Returns early once `stopping()`: the
+        drafters claim nothing beyond the stop, so that capacity may never come back."""
         if self.in_flight < self.max_in_flight:
             self.service()
         if self.in_flight < self.max_in_flight:
@@ -211,7 +216,7 @@ class TargetEndpoint:
 
         def ready() -> bool:
             self.service()
-            return self.in_flight < self.max_in_flight
+            return self.in_flight < self.max_in_flight or stopping()
 
         return self.s.wait_for(
             ready, what="a drafter to take a batch (backpressure)", max_poll_s=0.002
@@ -220,12 +225,31 @@ class TargetEndpoint:
     def end_segment(self, segment: int) -> None:
         self.s.store.add(f"s{segment}/done", 1)
 
-    def drain(self) -> float:
+    def drain(self, stopping: Callable[[], bool] = lambda: False) -> float:
         def ready() -> bool:
             self.service()
-            return not self.outgoing
+            return not self.outgoing or stopping()
 
         return self.s.wait_for(ready, what="the drafters to take the last batches")
+
+    def settle(self, drafters_done: Callable[[], bool]) -> int:
+        """After a stop: keep sending what is claimed until `drafters_done()` (every drafter has
+        trained its last step, so nothing more will be claimed), wait for those sends, then
+        forget the batches nobody claimed; returns how many were dropped."""
+
+        def ready() -> bool:
+            self.service()
+            return drafters_done()
+
+        self.s.wait_for(ready, what="the drafters to finish their last step before the stop")
+        self.service()
+        claimed = [o for o in self.outgoing if o.works is not None]
+        for o in claimed:
+            for w in o.works or []:
+                self.s.wait_work(w, what=f"rank {o.drafter} to receive batch {o.header.index}")
+        dropped = len(self.outgoing) - len(claimed)
+        self.outgoing.clear()
+        return dropped
 
 
 @dataclass
@@ -311,7 +335,7 @@ class DrafterEndpoint:
         targets = self.s.roles.num_targets
         if store.add(f"s{segment}/done", 0) >= targets:
             tail = store.add(f"s{segment}/tail", 0)
-            if slot >= tail and not store.check([f"s{segment}/q/{slot}"]):
+            if not store.check([f"s{segment}/q/{slot}"]):
                 raise PeerFailed(
                     f"{self.s.roles.describe()}: every target finished segment {segment} after "
                     f"{tail} batches, but this drafter claimed slot {slot} (steps × drafters "

@@ -23,11 +23,13 @@ and:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -89,6 +91,11 @@ class RoleMetrics:
         self.prev_time = time.perf_counter()
         self.pending_tokens = 0
         self.curves = TrainingCurves(out_dir, enabled=config.run.tensorboard)
+
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` (a checkpoint write) out of the next row's tokens/s: it measures
+        training, not the pauses between steps."""
+        self.prev_time += seconds
 
     def count(self, tokens: int) -> None:
         """Tokens trained by all drafters in one step (every step, logged or not)."""
@@ -162,20 +169,67 @@ class RoleMetrics:
             f"tok/s wait {100 * t['wait_frac']:.0f}% | drafter {d['tokens_per_s']:,.0f} tok/s "
             f"wait {100 * d['wait_frac']:.0f}% | in flight {row['in_flight']}"
         )
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        append_row(self.path, row)
         self.curves.write(row)
         return row
 
-    def truncate(self, step: int) -> None:
-        """Drop rows logged after the checkpoint being resumed (they are logged again)."""
-        if not self.path.is_file():
-            return
-        keep = [
-            line
-            for line in self.path.read_text().splitlines()
-            if line.strip() and json.loads(line)["step"] <= step
-        ]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, self.path)
+
+def append_row(path: Path, row: dict) -> None:
+    """Append `row` as one JSON line, whole or not at all: one `write` of the whole line, and
+    when it fails part-way (a full disk) the file is cut back to its size before, then the
+    error is raised. Readers therefore never meet half a line written by this process."""
+    data = (json.dumps(row) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        before = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as exc:
+            os.ftruncate(fd, before)
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Trimmed:
+    """What `truncate_rows` did: rows kept, rows after the step dropped, unreadable lines cut."""
+
+    kept: int
+    dropped: int
+    torn: list[str]  # "line N: why" for each line that was not a whole JSON row
+
+
+def truncate_rows(path: Path, step: int) -> Trimmed:
+    """Keep the rows of steps ≤ `step` (those after the checkpoint being resumed are logged
+    again). A line that is not a whole JSON object with a step — the torn last line of a
+    write cut short by a full disk or a crash of an older version — is cut, never parsed
+    into the run's history. The file is replaced atomically (temp file, fsync, rename)."""
+    if not path.is_file():
+        return Trimmed(0, 0, [])
+    keep: list[bytes] = []
+    dropped, torn = 0, []
+    for n, line in enumerate(path.read_bytes().split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            row_step = row["step"] if isinstance(row, dict) else None
+            if not isinstance(row_step, int):
+                raise ValueError("no integer step")
+        except (ValueError, KeyError) as exc:
+            torn.append(f"line {n}: {type(exc).__name__}")
+            continue
+        if row_step <= step:
+            keep.append(line + b"\n")
+        else:
+            dropped += 1
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(b"".join(keep))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return Trimmed(len(keep), dropped, torn)

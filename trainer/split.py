@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +45,15 @@ from trainer.exchange import DrafterEndpoint, TargetEndpoint, share_frozen
 from trainer.metrics import RankStats, RoleMetrics
 from trainer.model import shape_from_target
 from trainer.pipeline import COMPILE_NOTE, DrafterWorker, TargetWorker
+from trainer.stopping import StopRequest, write_record
 from trainer.target import Target, load_target
-from trainer.trainer import resolve_demo
+from trainer.trainer import (
+    apply_schedule,
+    find_checkpoint,
+    resolve_demo,
+    resolved_values,
+    trim_metrics,
+)
 
 log = logging.getLogger("trainer")
 TargetLoader = Callable[[TrainConfig, torch.device], Target]
@@ -72,6 +80,48 @@ class Segment:
     @property
     def steps(self) -> int:
         return self.end - self.start
+
+
+class StopWatch:
+    """A rank's view of a graceful stop. Any rank whose own `StopRequest` fired says so in the
+    store (`stop_requested`); the drafters agree on it in their per-step all-reduce and publish
+    the step they stop after (`stop_at`); targets then produce only the batches up to it."""
+
+    def __init__(self, session: Session, stop: StopRequest) -> None:
+        self.session = session
+        self.stop = stop
+        self.at: int | None = None
+        self._told = False
+
+    def requested(self) -> bool:
+        """This rank's signal, or any other rank's (drafters ask once per step)."""
+        store = self.session.store
+        if self.stop.requested and not self._told:
+            store.set("stop_requested", self.stop.signal_name or "stop")
+            self._told = True
+        return self._told or store.check(["stop_requested"])
+
+    def decide(self, step: int) -> None:
+        """Drafters: the agreed last step."""
+        self.at = step
+        self.session.store.set("stop_at", str(step))
+
+    def __call__(self) -> bool:
+        """Whether the drafters have agreed on a stop (targets poll this)."""
+        self.requested()
+        store = self.session.store
+        if self.at is None and store.check(["stop_at"]):
+            self.at = int(store.get("stop_at"))
+        return self.at is not None
+
+    def bound(self, seg: Segment, drafters: int) -> int:
+        """How many batches of `seg` are trained before the stop (all without one)."""
+        if not self() or self.at is None:
+            return seg.steps * drafters
+        return max(0, min(seg.steps, self.at - seg.start)) * drafters
+
+    def past(self, seg: Segment) -> bool:
+        return self() and self.at is not None and self.at <= seg.end
 
 
 def segments(start: int, total: int, checkpoint_every: int) -> list[Segment]:
@@ -105,13 +155,16 @@ def run_split(
     target_loader: TargetLoader = default_target_loader,
     session: Session | None = None,
     save_checkpoints: bool = True,
+    stop: StopRequest | None = None,
 ) -> dict:
     """Run this rank's role to the end; returns its summary (also in `ranks/rank-N.json`).
     `save_checkpoints=False` is for benchmarks only (a run that cannot be resumed)."""
     emit = emit or (lambda line: print(line, flush=True))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    watch = TerminationWatch(roles)
+    stop = stop or StopRequest()
+    stop.begin()  # the ranks agree on a stop at a step: a signal during start-up waits for it
+    watch = TerminationWatch(roles, stop)
     session = session or Session(roles)
     watch.session = session
     session.start_watchdog()
@@ -121,10 +174,16 @@ def run_split(
         if config.run.threads:
             torch.set_num_threads(config.run.threads)
         if roles.role == TARGET:
-            summary = _run_target(session, config, out_dir, emit, target_loader)
+            summary = _run_target(session, config, out_dir, emit, target_loader, stop)
         else:
             summary = _run_drafter(
-                session, config, out_dir, emit, force_resume, save_checkpoints=save_checkpoints
+                session,
+                config,
+                out_dir,
+                emit,
+                force_resume,
+                stop,
+                save_checkpoints=save_checkpoints,
             )
     except BaseException as exc:
         culprit = session.explain_failure()
@@ -165,6 +224,7 @@ def _run_target(
     out_dir: Path,
     emit: Callable[[str], None],
     loader: TargetLoader,
+    stop: StopRequest,
 ) -> dict:
     roles, store = session.roles, session.store
     torch.manual_seed(config.run.seed)
@@ -200,12 +260,13 @@ def _run_target(
     stats = RankStats(session)
     produced: list[int] = []
     d = roles.num_drafters
+    stopping = StopWatch(session, stop)
     for seg in segments(start["step"], config.run.steps, config.run.checkpoint_every):
         seg_first = first + (seg.start - start["step"]) * d
         while True:
-            stats.wait_s += endpoint.wait_capacity()
+            stats.wait_s += endpoint.wait_capacity(stopping)
             k = endpoint.next_index(seg.key, seg.steps * d)
-            if k is None:
+            if k is None or k >= stopping.bound(seg, d):
                 break
             index = seg_first + k
             stream.position = position_of(
@@ -215,14 +276,19 @@ def _run_target(
             if index and index % per_epoch == 0:  # one target rank draws each epoch's first batch
                 emit(repeat_note(index // per_epoch, len(stream.samples)))
             store.add("produced", 1)  # counted before any drafter can see (and train) it
-            endpoint.publish(seg.key, index, features)
+            endpoint.publish(seg.key, index, features, slot=k)
             produced.append(index)
             stats.batches += 1
             stats.tokens += features.num_tokens
             stats.in_flight = endpoint.in_flight
             stats.publish()
         endpoint.end_segment(seg.key)
-    stats.wait_s += endpoint.drain()
+        if stopping.past(seg):
+            break
+    stats.wait_s += endpoint.drain(stopping)
+    if stopping():
+        dropped = endpoint.settle(lambda: store.add("stop_settled", 0) >= d)
+        emit(f"{roles.describe()} stopping: {dropped} produced batch(es) beyond the stop dropped")
     stats.in_flight = 0
     stats.publish(force=True)
     emit(f"{roles.describe()} done: produced {len(produced)} batches")
@@ -245,6 +311,7 @@ def _run_drafter(
     out_dir: Path,
     emit: Callable[[str], None],
     force_resume: bool,
+    stop: StopRequest,
     *,
     save_checkpoints: bool,
 ) -> dict:
@@ -252,7 +319,8 @@ def _run_drafter(
 
     roles, store, device = session.roles, session.store, session.device
     lead = roles.rank == roles.num_targets  # drafter rank 0: logs, checkpoints
-    found = _find_checkpoint(config, out_dir, emit if lead else (lambda _: None), force_resume)
+    say = emit if lead else (lambda _: None)
+    found, changes = _find_checkpoint(config, out_dir, say, force_resume)
     state = ckpt.load_state(found.path, map_location=device) if found.path else None
     step = int(state["step"]) if state else 0
     position = DataPosition(**state["data_position"]) if state else DataPosition()
@@ -275,6 +343,9 @@ def _run_drafter(
         torch.set_rng_state(state["rng"]["cpu"].cpu())
         if lead:
             emit(f"resumed from {found.path.name} (step {step})")
+        if changes:
+            apply_schedule(worker, config, step, changes, say)
+    resolved = resolved_values(config, target_layers=meta["layers"], worker=worker, device=device)
     if roles.num_drafters > 1:  # one drafter has nothing to average: DDP would only copy grads
         worker.module = DDP(
             drafter,
@@ -287,14 +358,16 @@ def _run_drafter(
     stats = RankStats(session)
     metrics = RoleMetrics(session, out_dir, config, emit) if lead else None
     if metrics and state:
-        metrics.truncate(step)
+        trim_metrics(out_dir, step, emit)
     trained: list[int] = []
     d, start_step = roles.num_drafters, step
+    stopping = StopWatch(session, stop)
     for seg in segments(step, config.run.steps, config.run.checkpoint_every):
         claim = endpoint.claim(seg.key)
         for i in range(seg.steps):
             features, header, waited = endpoint.complete(claim)
-            if i + 1 < seg.steps:  # claim the next batch now: its transfer overlaps this step
+            last = stopping.at is not None or i + 1 == seg.steps
+            if not last:  # claim the next batch now: its transfer overlaps this step
                 claim = endpoint.claim(seg.key)
                 endpoint.try_start(claim)
             result = worker.train_step(features, header.index)
@@ -305,40 +378,43 @@ def _run_drafter(
             stats.batches += 1
             stats.tokens += header.num_tokens
             stats.publish()
-            summary = _reduce(session, result, waited, device)
+            summary = _reduce(session, result, waited, device, stop=stopping.requested())
             if metrics:
                 metrics.count(summary["tokens"])
             if metrics and (step % config.run.log_every == 0 or step == config.run.steps):
                 metrics.log(step, summary)
+            if stopping.at is None and summary["stop"]:
+                # every drafter holds one claimed batch (unless the segment ends here): the
+                # next step trains them, so the batches trained are a prefix of the segment
+                stopping.decide(step if last else step + 1)
+            if stopping.at is not None and step >= stopping.at:
+                break
+        saved = None
         if (
             save_checkpoints
             and lead
             and (
                 (config.run.checkpoint_every and step % config.run.checkpoint_every == 0)
                 or step == config.run.steps
+                or stopping.at is not None
             )
         ):
-            pos = position_of(
-                first + (step - start_step) * d,
-                per_epoch=per_epoch,
-                batch_size=config.data.batch_size,
-            )
-            path = ckpt.save_checkpoint(
-                out_dir,
-                step,
-                {
-                    "step": step,
-                    "worker": worker.state_dict(),
-                    "rng": {"cpu": torch.get_rng_state()},
-                    "data_position": {"epoch": pos.epoch, "index": pos.index},
-                },
-                config,
-                keep_last=config.run.keep_last,
-            )
-            emit(f"checkpoint {path.name}")
+            began = time.perf_counter()
+            next_batch = first + (step - start_step) * d
+            saved = _save(worker, config, out_dir, step, next_batch, per_epoch, resolved)
+            emit(f"checkpoint {saved.name}")
+            if metrics:
+                metrics.exclude(time.perf_counter() - began)
+        if stopping.at is not None:
+            store.add("stop_settled", 1)
+            if lead:
+                line = f"stopped at step {step}, checkpoint saved to {saved}"
+                emit(line if saved else f"stopped at step {step} (checkpoints are off)")
+                write_record(line)
+            break
     stats.publish(force=True)
     if lead:
-        _check_counts(session, expected=(config.run.steps - start_step) * d, emit=emit)
+        _check_counts(session, expected=(step - start_step) * d, emit=emit, stopped=stopping.at)
     return {
         "rank": roles.rank,
         "role": DRAFTER,
@@ -346,6 +422,32 @@ def _run_drafter(
         "indices": trained,
         "params_sha256": params_digest(drafter),
     }
+
+
+def _save(
+    worker: DrafterWorker,
+    config: TrainConfig,
+    out_dir: Path,
+    step: int,
+    next_batch: int,
+    per_epoch: int,
+    resolved: dict,
+) -> Path:
+    """Drafter rank 0: the checkpoint of `step`; `next_batch` is the global index trained next."""
+    pos = position_of(next_batch, per_epoch=per_epoch, batch_size=config.data.batch_size)
+    return ckpt.save_checkpoint(
+        out_dir,
+        step,
+        {
+            "step": step,
+            "worker": worker.state_dict(),
+            "rng": {"cpu": torch.get_rng_state()},
+            "data_position": {"epoch": pos.epoch, "index": pos.index},
+        },
+        config,
+        keep_last=config.run.keep_last,
+        resolved=resolved,
+    )
 
 
 def params_digest(module: torch.nn.Module) -> str:
@@ -359,21 +461,21 @@ def params_digest(module: torch.nn.Module) -> str:
 
 def _find_checkpoint(
     config: TrainConfig, out_dir: Path, emit: Callable[[str], None], force: bool
-) -> ckpt.Found:
-    for path in ckpt.remove_stale_temps(out_dir):
-        emit(f"removed {path.name}: an interrupted checkpoint write")
-    found = ckpt.find_resumable(out_dir)
-    for path, why in found.skipped:
-        emit(f"skipped checkpoint {path.name}: {why}")
-    if found.path is not None:
-        changed = ckpt.check_compatible(found, config, force=force)
-        if changed:
-            emit(f"resuming despite changed settings (--force-resume): {', '.join(changed)}")
-    return found
+) -> tuple[ckpt.Found, list[str]]:
+    """`trainer.find_checkpoint`; a finished run is said and trains no step (every rank then
+    ends normally: the segments are empty)."""
+    try:
+        return find_checkpoint(config, out_dir, emit, force)
+    except ckpt.RunFinished as exc:
+        emit(str(exc))
+        return ckpt.find_resumable(out_dir), []
 
 
-def _reduce(session: Session, result, waited: float, device: torch.device) -> dict:
-    """Mean of the step's loss terms and slot accuracies over the drafters; summed tokens."""
+def _reduce(
+    session: Session, result, waited: float, device: torch.device, *, stop: bool = False
+) -> dict:
+    """Mean of the step's loss terms and slot accuracies over the drafters; summed tokens;
+    `stop`: whether any drafter saw a stop request (so all of them stop at the same step)."""
     import torch.distributed as dist
 
     acc = torch.tensor(result.slot_accuracy, dtype=torch.float64)
@@ -395,12 +497,13 @@ def _reduce(session: Session, result, waited: float, device: torch.device) -> di
             ),
             acc.nan_to_num(0.0),
             have,
+            torch.tensor([1.0 if stop else 0.0], dtype=torch.float64),
         ]
     ).to(device)
     dist.all_reduce(vals, group=session.drafter_group)
     v = vals.cpu().tolist()
     n, k = v[7], len(result.slot_accuracy)
-    sums, counts = v[8 : 8 + k], v[8 + k :]
+    sums, counts = v[8 : 8 + k], v[8 + k : 8 + 2 * k]
     return {
         "loss": v[0] / n,
         "ce": v[1] / n,
@@ -410,17 +513,23 @@ def _reduce(session: Session, result, waited: float, device: torch.device) -> di
         "tokens": int(v[5]),
         "lr": result.lr,
         "slot_accuracy": [s / c if c else None for s, c in zip(sums, counts, strict=True)],
+        "stop": v[-1] > 0,
     }
 
 
-def _check_counts(session: Session, *, expected: int, emit: Callable[[str], None]) -> None:
-    """Every batch produced was trained exactly once (counts; `ranks/` has the indices)."""
+def _check_counts(
+    session: Session, *, expected: int, emit: Callable[[str], None], stopped: int | None = None
+) -> None:
+    """Every batch produced was trained exactly once (counts; `ranks/` has the indices). After a
+    stop, targets may have produced batches beyond it (dropped, produced again on resume)."""
     store = session.store
     session.wait_for(
         lambda: store.add("trained", 0) >= expected, what="the other drafters to finish"
     )
     produced, trained = store.add("produced", 0), store.add("trained", 0)
     emit(f"batches: produced {produced}, trained {trained}, expected {expected}")
+    if stopped is not None and trained == expected <= produced:
+        return
     if not produced == trained == expected:
         raise PeerFailed(
             f"batch accounting failed: produced {produced}, trained {trained}, expected {expected}"

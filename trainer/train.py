@@ -11,7 +11,13 @@ Under torchrun (WORLD_SIZE > 1) the ranks split into target and drafter workers
 overrides any setting (dotted keys, TOML values). The run folder `--out` receives checkpoints
 (`step-XXXXXXXX/`) and `metrics.jsonl`; starting again resumes from the newest verified
 checkpoint there, and refuses one written with other model/data settings unless
-`--force-resume`. Settings reference: docs/training.md.
+`--force-resume` (or `DFLASH_FORCE_RESUME=1`, how `dflash deploy --resume --force-resume` passes
+it), and one with another lr schedule (e.g. a raised `run.steps`) unless `--set run.extend=true`.
+A run whose checkpoint is already at `run.steps` says there is nothing left to do and exits 0.
+
+SIGINT or SIGTERM: the current step finishes, a checkpoint is saved, exit 0
+("stopped at step N, checkpoint saved to …"); a second signal ends it at once (exit 130).
+Settings reference: docs/training.md.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from pathlib import Path
 
 from trainer.config import TrainConfig, load_config
 from trainer.errors import TrainerError
+from trainer.stopping import StopRequest
+
+FORCE_RESUME_ENV = "DFLASH_FORCE_RESUME"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,8 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
     split = int(os.environ.get("WORLD_SIZE", "1")) > 1  # under torchrun: trainer.split
+    force = args.force_resume or os.environ.get(FORCE_RESUME_ENV, "") == "1"
+    stop = StopRequest()
     if split:  # taken by a watchdog thread (trainer.distributed); block before torch starts threads
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        stop.install((signal.SIGINT,))
+    else:
+        stop.install()
     try:
         config = load_config(args.config, args.overrides)  # fails fast, before torch loads
         if not preflight(config):  # the target folder and the data, before the target loads
@@ -63,14 +77,18 @@ def main(argv: list[str] | None = None) -> int:
             from trainer.distributed import roles_from_env
             from trainer.split import run_split
 
-            run_split(config, args.out, roles_from_env(), force_resume=args.force_resume)
+            run_split(config, args.out, roles_from_env(), force_resume=force, stop=stop)
         else:
             from trainer.trainer import Trainer
 
-            Trainer(config, args.out, force_resume=args.force_resume).run()
-    except TrainerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+            Trainer(config, args.out, force_resume=force, stop=stop).run()
+    except TrainerError as exc:  # its `exit_code`: 0 nothing left to do, 1 a full disk, else 2
+        code = getattr(exc, "exit_code", 2)
+        if code == 0:
+            print(f"{exc}", flush=True)
+        else:
+            print(f"error: {exc}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         print("interrupted; resume by starting again with the same --out", file=sys.stderr)
         return 130

@@ -5,16 +5,18 @@ Exact resume: a checkpoint holds the drafter, AdamW and schedule states, the dat
 (epoch, index), the step, and the torch RNG states; anchors and noise are drawn from generators
 seeded by (seed, epoch, index) and (seed, step), so a resumed run repeats the uninterrupted
 run's losses.
+
+Stopping (`trainer.stopping`): after a SIGINT/SIGTERM the step in progress finishes, a
+checkpoint of it is written (unless that step just wrote one) and `run` returns.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,8 +25,10 @@ from trainer.config import TrainConfig, with_overrides
 from trainer.curves import TrainingCurves
 from trainer.data import BatchStream, DataPosition, load_data, repeat_note
 from trainer.evaluate import split_holdout
-from trainer.pipeline import COMPILE_NOTE, DrafterWorker, StepResult, TargetWorker
+from trainer.metrics import append_row, truncate_rows
+from trainer.pipeline import COMPILE_NOTE, DrafterWorker, StepResult, TargetWorker, lr_at
 from trainer.probe import ProbeReport, TauProbe
+from trainer.stopping import StopRequest, write_record
 from trainer.target import load_target
 
 log = logging.getLogger("trainer")
@@ -60,13 +64,15 @@ class Trainer:
         *,
         force_resume: bool = False,
         emit: Callable[[str], None] | None = None,
+        stop: StopRequest | None = None,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.emit = emit or log.info
+        self.stop = stop
         self.config = resolve_demo(config, self.out_dir)
         cfg = self.config
-        found = self._find_checkpoint(force_resume)
+        found, self.schedule_changes = find_checkpoint(cfg, self.out_dir, self.emit, force_resume)
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         self.device = resolve_device(cfg.run.device)
@@ -92,21 +98,6 @@ class Trainer:
         self.step = 0
         self._resume(found)
 
-    def _find_checkpoint(self, force: bool) -> ckpt.Found:
-        """Before anything heavy is loaded: the checkpoint to resume, refused if incompatible."""
-        for path in ckpt.remove_stale_temps(self.out_dir):
-            self.emit(f"removed {path.name}: an interrupted checkpoint write")
-        found = ckpt.find_resumable(self.out_dir)
-        for path, why in found.skipped:
-            self.emit(f"skipped checkpoint {path.name}: {why}")
-        if found.path is not None:
-            changed = ckpt.check_compatible(found, self.config, force=force)
-            if changed:
-                self.emit(
-                    f"resuming despite changed settings (--force-resume): {', '.join(changed)}"
-                )
-        return found
-
     def _resume(self, found: ckpt.Found) -> None:
         if found.path is None:
             return
@@ -117,8 +108,12 @@ class Trainer:
         torch.set_rng_state(state["rng"]["cpu"].cpu())
         if "cuda" in state["rng"] and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), self.device)
-        self._truncate_metrics(self.step)
+        trim_metrics(self.out_dir, self.step, self.emit)
         self.emit(f"resumed from {found.path.name} (step {self.step})")
+        if self.schedule_changes:
+            apply_schedule(
+                self.drafter_worker, self.config, self.step, self.schedule_changes, self.emit
+            )
 
     def state(self) -> dict:
         rng = {"cpu": torch.get_rng_state()}
@@ -132,9 +127,23 @@ class Trainer:
             "data_position": {"epoch": pos.epoch, "index": pos.index},
         }
 
+    def resolved(self) -> dict[str, Any]:
+        """The values this run chose where the config says "automatic"."""
+        return resolved_values(
+            self.config,
+            target_layers=self.target_worker.target.layers,
+            worker=self.drafter_worker,
+            device=self.device,
+        )
+
     def save(self) -> Path:
         path = ckpt.save_checkpoint(
-            self.out_dir, self.step, self.state(), self.config, keep_last=self.config.run.keep_last
+            self.out_dir,
+            self.step,
+            self.state(),
+            self.config,
+            keep_last=self.config.run.keep_last,
+            resolved=self.resolved(),
         )
         self.emit(f"checkpoint {path.name}")
         return path
@@ -144,7 +153,16 @@ class Trainer:
         run = self.config.run
         until = run.steps if until is None else min(until, run.steps)
         results = []
+        saved: Path | None = None
+        if self.stop is not None:
+            self.stop.begin()
         while self.step < until:
+            if self.stop is not None and self.stop.requested and not results:
+                self.emit(
+                    f"stopped at step {self.step} before training a step: nothing new to save"
+                )
+                write_record("stopped")
+                break
             start = time.perf_counter()
             epoch = self.stream.position.epoch
             features = self.target_worker.produce(self.stream.next_batch())
@@ -154,14 +172,23 @@ class Trainer:
             self.step += 1
             elapsed = time.perf_counter() - start
             results.append(result)
-            report = self._evaluate()
+            report = self._evaluate()  # after `elapsed`: tokens/s never counts the evaluation
             if report is not None or self.step % run.log_every == 0 or self.step == until:
                 self._log(result, elapsed, report)
+            saved = None
             if (
                 run.checkpoint_every and self.step % run.checkpoint_every == 0
             ) or self.step == run.steps:
-                self.save()
+                saved = self.save()
+            if self.stop is not None and self.stop.requested:
+                self._stopped(saved or self.save())
+                break
         return results
+
+    def _stopped(self, path: Path) -> None:
+        line = f"stopped at step {self.step}, checkpoint saved to {path}"
+        self.emit(line)
+        write_record(line)
 
     def _evaluate(self) -> ProbeReport | None:
         """τ on the held-out and training prompts every `eval.every` steps (`trainer.probe`;
@@ -202,20 +229,69 @@ class Trainer:
             row["slot_acceptance"] = report.held_out.slot_acceptance
         if self.last_probe is not None:
             row["probe"] = self.last_probe.row()
-        with open(self.out_dir / METRICS, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        append_row(self.out_dir / METRICS, row)
         self.curves.write(row)
 
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metrics logged after the checkpoint we resume from (they will be logged again)."""
-        path = self.out_dir / METRICS
-        if not path.is_file():
-            return
-        keep = [
-            line
-            for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line)["step"] <= step
-        ]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, path)
+
+def find_checkpoint(
+    config: TrainConfig, out_dir: Path, emit: Callable[[str], None], force: bool
+) -> tuple[ckpt.Found, list[str]]:
+    """Before anything heavy is loaded: the checkpoint to resume (refused if its model/data
+    settings differ, if its lr schedule differs without `run.extend`, or if the run is already
+    finished) and the schedule changes to apply."""
+    for path in ckpt.remove_stale_temps(out_dir):
+        emit(f"removed {path.name}: an interrupted checkpoint write")
+    found = ckpt.find_resumable(out_dir)
+    for path, why in found.skipped:
+        emit(f"skipped checkpoint {path.name}: {why}")
+    if found.path is None:
+        return found, []
+    changed = ckpt.check_compatible(found, config, force=force)
+    if changed:
+        emit(f"resuming despite changed settings (--force-resume): {', '.join(changed)}")
+    return found, ckpt.check_schedule(found, config)
+
+
+def trim_metrics(out_dir: Path, step: int, emit: Callable[[str], None]) -> None:
+    """Drop the metrics rows after the resumed step; say when a torn line was cut."""
+    trimmed = truncate_rows(out_dir / METRICS, step)
+    for why in trimmed.torn:
+        emit(f"{METRICS}: cut an unreadable {why} (a write cut short, e.g. by a full disk)")
+
+
+def apply_schedule(
+    worker: DrafterWorker,
+    config: TrainConfig,
+    step: int,
+    changes: list[str],
+    emit: Callable[[str], None],
+) -> None:
+    """With `run.extend`: the new schedule replaces the checkpoint's from `step` on (its base lr
+    too: the scheduler state would otherwise bring the old one back), and the log says so."""
+    optim, total = config.optim, config.run.steps
+    groups = worker.optimizer.param_groups
+    before = groups[0]["lr"]
+    worker.scheduler.base_lrs = [optim.lr for _ in groups]
+    for group in groups:
+        group["lr"] = optim.lr * lr_at(step, optim, total)
+    emit(
+        f"schedule changed on resume (run.extend): {'; '.join(changes)}; lr at step {step + 1} "
+        f"{before:.2e} → {groups[0]['lr']:.2e}; warmup {optim.warmup_steps} steps, then cosine "
+        f"from {optim.lr:.2e} to {optim.lr * optim.min_lr_ratio:.2e} at step {total}"
+    )
+
+
+def resolved_values(
+    config: TrainConfig, *, target_layers: list[int], worker: DrafterWorker, device: torch.device
+) -> dict[str, Any]:
+    """The manifest's values of the automatic settings, as this run used them."""
+    shape = worker.drafter.shape
+    return {
+        "model.target": str(Path(config.model.target).resolve()),
+        "data.path": str(Path(config.data.path).resolve()),
+        "model.target_layers": list(target_layers),
+        "model.mask_token_id": shape.mask_token_id,
+        "loss.gamma": worker.gamma,
+        "run.device": str(device),
+        "run.compile": worker.compiled,
+    }

@@ -88,9 +88,30 @@ def root(
     output.setup_logging(verbose)
 
 
+_SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
+
+
+def _completion_shell(args: list[str]) -> str | None:
+    """The shell named after `--show-completion` (`--show-completion zsh` or `=zsh`), if any."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--show-completion=") and arg.partition("=")[2] in _SHELLS:
+            return arg.partition("=")[2]
+        if arg == "--show-completion" and i + 1 < len(args) and args[i + 1] in _SHELLS:
+            return args[i + 1]
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the `dflash` console script and of `python -m dflash_ops`."""
     args = list(sys.argv[1:] if argv is None else argv)
+    shell = _completion_shell(args)
+    if shell is not None:  # typer's own flag detects the shell and would ignore the name
+        from typer._completion_shared import get_completion_script
+
+        print(
+            get_completion_script(prog_name="dflash", complete_var="_DFLASH_COMPLETE", shell=shell)
+        )
+        return
     try:
         app(args=args, prog_name="dflash")
     except DflashError as exc:

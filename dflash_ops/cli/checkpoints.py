@@ -58,7 +58,8 @@ def checkpoints(
         say("  (empty)")
     say("[bold]archived[/bold]")
     for stamp, entries in sorted(listing.archived.items()):
-        say(f"  {escape(stamp)}  {len(entries)} entries")
+        size = sum(e.size for e in entries)
+        say(f"  {escape(stamp)}  {size:>12,}  {len(entries)} entries")
     if not listing.archived:
         say("  (none)")
 

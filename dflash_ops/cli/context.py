@@ -19,6 +19,16 @@ class Globals:
     verbose: bool = False
 
 
+def command(ctx: typer.Context, *args: str) -> str:
+    """`dflash ARGS…` as the user should type it next: with `--config FILE` when this command
+    was given one (a hint without it would act on another deploy.toml)."""
+    from dflash_ops.shell import quote_argv
+
+    root = ctx.find_object(Globals) or Globals()
+    config = ["--config", str(root.config)] if root.config is not None else []
+    return quote_argv(["dflash", *config, *args])
+
+
 @contextmanager
 def workspace(ctx: typer.Context, where: TargetChoice) -> Iterator[Workspace]:
     """The command's Workspace from the root options and its target choice; closed on exit.

@@ -25,18 +25,29 @@ def stop(
     *,
     where: TargetChoice,
     force: ForceOption = False,
+    no_save: Annotated[
+        bool,
+        typer.Option(
+            "--no-save",
+            help="End the job now: SIGTERM right after SIGINT, no stop checkpoint (the steps "
+            "since the last periodic checkpoint are lost).",
+        ),
+    ] = False,
 ) -> None:
     """Stop the job: SIGINT, then SIGTERM, then SIGKILL, then end its tmux session.
 
-    The trainer gets [job] stop_timeout seconds after SIGINT to save and exit.
+    On SIGINT the trainer finishes its current step, saves a checkpoint of it and exits 0
+    ("stopped at step N, checkpoint saved to …" in the log); it gets [job] stop_timeout
+    seconds for that before SIGTERM ends it.
 
     \b
     Examples:
       dflash stop
       dflash stop --target gpu-box
+      dflash stop --no-save
     """
     with workspace(ctx, where) as ws:
-        final = operations.stop(ws, force=force, say=output.warn)
+        final = operations.stop(ws, force=force, save=not no_save, say=output.warn)
     place = ws.target.describe()
     if final is None:
         output.info(f"No job session {ws.config.job.session!r} on {place}: nothing to stop.")

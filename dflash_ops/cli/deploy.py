@@ -8,7 +8,7 @@ import typer
 
 from dflash_ops import operations
 from dflash_ops.cli import output
-from dflash_ops.cli.context import workspace
+from dflash_ops.cli.context import command, workspace
 from dflash_ops.cli.options import (
     ForceOption,
     TargetChoice,
@@ -31,6 +31,14 @@ def deploy(
             "--resume", help="Keep the checkpoints in place: the trainer resumes from the newest."
         ),
     ] = False,
+    force_resume: Annotated[
+        bool,
+        typer.Option(
+            "--force-resume",
+            help="With --resume: resume even from a checkpoint written with other model/data "
+            "settings (this start only).",
+        ),
+    ] = False,
 ) -> None:
     """Ship trainer/ to the target and (re)start the job there.
 
@@ -45,10 +53,21 @@ def deploy(
       dflash deploy --host gpu-box           # an SSH host
       dflash deploy --host pve --ct 200      # container 200 on a Proxmox node
       dflash deploy --target gpu-box --resume
+      dflash deploy --resume --force-resume  # after changing model/data settings
     """
+    if force_resume and not resume:
+        raise typer.BadParameter(
+            "--force-resume needs --resume (without it the checkpoints are archived).",
+            param_hint="--force-resume",
+        )
     with workspace(ctx, where) as ws:
         report = operations.deploy(
-            ws, resume=resume, force=force, say=output.info, warn=output.warn
+            ws,
+            resume=resume,
+            force_resume=force_resume,
+            force=force,
+            say=output.info,
+            warn=output.warn,
         )
     if report.removed:
         output.info(f"Removed old releases: {', '.join(report.removed)}")
@@ -56,4 +75,4 @@ def deploy(
         f"Deployed {report.release} to {ws.target.describe()}; job {report.started.session!r} "
         f"{'running' if report.started.running else 'exited already'}."
     )
-    output.info("Follow it with: dflash logs --follow")
+    output.info(f"Follow it with: {command(ctx, 'logs', '--follow')}")

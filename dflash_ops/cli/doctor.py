@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from dflash_ops import doctor
 from dflash_ops.cli import output
-from dflash_ops.cli.context import workspace
+from dflash_ops.cli.context import command, workspace
 from dflash_ops.cli.options import (
     TargetChoice,
     with_target,
@@ -81,7 +81,8 @@ def doctor_command(
         else:
             bad = sum(1 for c in checks if not c.ok and not c.skipped)
             output.info(
-                f"{bad} check(s) failed; apply the fixes above and run dflash doctor again."
+                f"{bad} check(s) failed; apply the fixes above and run "
+                f"{command(ctx, 'doctor')} again."
             )
         if not ok:
             raise typer.Exit(1)

@@ -29,7 +29,10 @@ def eval_(
     ctx: typer.Context,
     prompts: Annotated[
         str,
-        typer.Option("--prompts", help="Prompt JSONL at the place (absolute path)."),
+        typer.Option(
+            "--prompts",
+            help="Prompt JSONL at the place (absolute; relative to here for a local target).",
+        ),
     ],
     checkpoint: Annotated[
         str | None,

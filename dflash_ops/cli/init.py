@@ -9,7 +9,7 @@ import typer
 
 from dflash_ops import init as init_lib
 from dflash_ops.cli import output
-from dflash_ops.cli.context import Globals
+from dflash_ops.cli.context import Globals, command
 from dflash_ops.cli.options import AcceptKeyOption, CtOption, HostOption, PortOption, UserOption
 from dflash_ops.config import DEFAULT_CONFIG_NAME, Target
 from dflash_ops.errors import ConfigError, DflashError
@@ -63,7 +63,10 @@ def init_command(
     path = (root.config or Path(DEFAULT_CONFIG_NAME)).expanduser().absolute()
     init_lib.check_target_file(path, force=force)  # before connecting anywhere
     if ct is not None and host is None:
-        raise ConfigError("--ct needs --host: the container lives on a Proxmox node.")
+        raise ConfigError(
+            "--ct needs --host: the container lives on a Proxmox node.",
+            hint="Name the node as well: dflash init --host <proxmox node> --ct <id>",
+        )
     if data is not None and model is None:
         raise ConfigError(
             "--data needs --model: the demo builds its own target and data.",
@@ -104,7 +107,7 @@ def init_command(
             f'data.path is not set: add path = "/data/train.jsonl" under [train.data] in {path} '
             "(chat, text or tokenized JSONL at the place), or run init again with --data."
         )
-    output.info("Next: dflash doctor, then dflash deploy.")
+    output.info(f"Next: {command(ctx, 'doctor')}, then {command(ctx, 'deploy')}.")
 
 
 def _gpus(target: Target, *, accept_new_host_key: bool) -> init_lib.GpuInfo:

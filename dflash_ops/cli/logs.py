@@ -7,11 +7,12 @@ from typing import Annotated
 import typer
 
 from dflash_ops.cli import output
-from dflash_ops.cli.context import workspace
+from dflash_ops.cli.context import command, workspace
 from dflash_ops.cli.options import (
     TargetChoice,
     with_target,
 )
+from dflash_ops.errors import JobNotFound
 
 app = typer.Typer()
 
@@ -58,8 +59,10 @@ def logs(
             output.info("Detached from the log; the job keeps running.")
             raise typer.Exit(130) from None
     if not final.exists:
-        output.info(f"No job session {final.session!r} on {ws.target.describe()}.")
-        raise typer.Exit(1)
+        raise JobNotFound(
+            f"No job session {final.session!r} on {ws.target.describe()}: nothing to follow.",
+            hint=f"Start one with: {command(ctx, 'deploy')}",
+        )
     if final.exit_code is None:
         output.warn("The session ended before its exit status could be read.")
         raise typer.Exit(1)

@@ -1,0 +1,85 @@
+"""A graceful stop: the first SIGINT or SIGTERM asks the run to stop, the second ends it.
+
+`dflash stop` (and `restart`, `deploy`, `rollback`) send SIGINT to the job, then SIGTERM after
+`[job] stop_timeout` seconds, then SIGKILL. Ending at the first signal would throw away every
+step since the last periodic checkpoint, so the first one only sets a flag: the loop finishes
+the step it is in (and a checkpoint write already under way), writes a verified checkpoint of
+that step, logs `stopped at step N, checkpoint saved to …` and returns; the entry point exits 0.
+A second signal raises `KeyboardInterrupt` at once (a checkpoint write it interrupts removes its
+temp folder, so only complete checkpoints stay): the user, or the stop timeout, still wins.
+Before the loop has started (`begin`) there is nothing to save, so the first signal already
+ends the process: a stop right after a deploy does not wait for the target to load.
+
+Split runs: torchrun forwards the signal to every worker (each in its own session); the ranks
+agree on the step through the drafters' per-step all-reduce and the control store
+(`trainer.split`), and SIGTERM reaches `StopRequest.request` through the SIGTERM thread of
+`trainer.distributed` (it is blocked in every other thread there).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+# Where `python -m trainer.launcher` (torchrun that exits 0 after a graceful stop) wants the
+# stopping rank to write its "stopped" record; unset outside that launcher.
+RECORD_ENV = "DFLASH_STOP_RECORD"
+
+
+class StopRequest:
+    """The stop flag of one process; `install()` routes SIGINT/SIGTERM to it (main thread)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self.signal_name: str | None = None
+        self.begun = False
+
+    def begin(self) -> None:
+        """From now on a signal asks for a graceful stop (training has started)."""
+        self.begun = True
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+    def request(self, name: str) -> bool:
+        """Ask the run to stop after its current step; False when it was asked before (the
+        caller then ends the process)."""
+        with self._lock:
+            if self._event.is_set():
+                return False
+            self.signal_name = name
+            self._event.set()
+        print(
+            f"{name} received: finishing the current step, then saving a checkpoint and exiting "
+            "(send it again to end at once, without saving)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return True
+
+    def install(
+        self, signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
+    ) -> None:
+        """Handle `signals` in this (the main) thread: first → `request`, second → interrupt."""
+        for sig in signals:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if not self.begun:
+            raise KeyboardInterrupt
+        if not self.request(signal.Signals(signum).name):
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+
+
+def write_record(text: str) -> None:
+    """Tell `trainer.launcher` that this run stopped gracefully (a no-op outside it)."""
+    path = os.environ.get(RECORD_ENV, "")
+    if path:
+        Path(path).write_text(text + "\n")
