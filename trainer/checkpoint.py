@@ -25,6 +25,7 @@ import torch
 
 from trainer.config import TrainConfig, diff_settings
 from trainer.errors import TrainerError
+from trainer.model import DRAFTER_FORMAT
 
 STATE = "state.pt"
 MANIFEST = "manifest.json"
@@ -59,6 +60,8 @@ class Manifest:
     sha256: str
     created: float
     settings: dict[str, Any] = field(default_factory=dict)
+    # the drafter's layer format (`trainer.model.DRAFTER_FORMAT`); manifests without it are 1
+    drafter_format: int = 1
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,7 @@ def _save(
         sha256=_sha256(tmp / STATE),
         created=time.time(),
         settings=config.model_data_settings(),
+        drafter_format=DRAFTER_FORMAT,
     )
     with open(tmp / MANIFEST, "w") as fh:
         json.dump(asdict(manifest), fh, indent=1, sort_keys=True)

@@ -64,3 +64,22 @@ class CompileCacheFull(TrainerError):
         "Use fewer distinct shapes per process: a larger data.bucket (fewer context lengths), "
         "one batch size and anchor count, or raise torch._dynamo.config.recompile_limit."
     )
+
+
+class UnsupportedTarget(TrainerError):
+    """The target has a setting the served drafter cannot follow (the engines' DFlash drafter is
+    a Qwen3-style layer stack: SiLU MLP without bias, full-head RoPE of a few scaling types).
+
+    Training a drafter that silently differs from the target's setting, or from what the
+    engines would run, is worse than refusing: the message names the field and its value.
+    """
+
+    hint = (
+        "docs/training.md lists the supported target families; a target with this setting "
+        "cannot be trained for serving yet."
+    )
+
+    def __init__(self, field: str, value: object, why: str, *, hint: str | None = None) -> None:
+        super().__init__(f"target config {field} = {value!r}: {why}", hint=hint)
+        self.field = field
+        self.value = value

@@ -491,7 +491,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m trainer.evaluate", description=__doc__.split("\n")[0]
     )
     p.add_argument("--config", required=True, help="the training TOML (standalone or deploy.toml)")
-    p.add_argument("--checkpoint", required=True, help="a step-XXXXXXXX folder or a run folder")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--checkpoint", help="a step-XXXXXXXX folder or a run folder")
+    which.add_argument(
+        "--drafter", help="an exported folder (config.json + model.safetensors), as served"
+    )
     p.add_argument("--prompts", required=True, help="JSONL: tokenized samples or chat messages")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts only")
@@ -507,18 +511,23 @@ def run(args: argparse.Namespace) -> EvalReport:
     from trainer.trainer import resolve_demo, resolve_device
 
     config = load_config(args.config, args.overrides)
-    ckpt_path = Path(args.checkpoint)
+    ckpt_path = Path(args.checkpoint or args.drafter)
     run_dir = ckpt_path.parent if ckpt_path.name.startswith("step-") else ckpt_path
     config = resolve_demo(config, run_dir)
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
-    target = load_target(
-        config.model.target,
-        device=resolve_device(config.run.device),
-        layers=config.model.target_layers,
-        num_layers=config.model.num_target_layers,
-    )
-    drafter, step = load_drafter(config, ckpt_path, target)
+    if args.drafter:
+        from trainer.hf_format import load_for_target
+
+        target, drafter, step = load_for_target(args.drafter, config)
+    else:
+        target = load_target(
+            config.model.target,
+            device=resolve_device(config.run.device),
+            layers=config.model.target_layers,
+            num_layers=config.model.num_target_layers,
+        )
+        drafter, step = load_drafter(config, ckpt_path, target)
     prompts = load_prompts(args.prompts, tokenizer_dir=config.model.target, limit=args.limit)
     log.info("evaluating step %d on %d prompts", step, len(prompts))
     block = DFlashDrafter(
