@@ -132,3 +132,9 @@ class EvaluationError(DflashError):
     """`dflash eval` could not start, or the evaluator at the place failed."""
 
     hint = "Check the path at the place, then run again (dflash checkpoints lists the runs)."
+
+
+class ExportError(DflashError):
+    """`dflash export` could not start, the exporter at the place failed, or the stream broke."""
+
+    hint = "Check the checkpoint at the place (dflash checkpoints), then run again."

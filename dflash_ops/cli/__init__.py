@@ -29,6 +29,7 @@ from dflash_ops.cli import (
     deploy,
     doctor,
     eval,
+    export,
     init,
     logs,
     output,
@@ -48,7 +49,19 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-for group in (init, doctor, deploy, logs, status, control, releases, checkpoints, eval, plan):
+for group in (
+    init,
+    doctor,
+    deploy,
+    logs,
+    status,
+    control,
+    releases,
+    checkpoints,
+    eval,
+    export,
+    plan,
+):
     app.add_typer(group.app)
 
 
