@@ -1,5 +1,7 @@
-"""Compiled FlexAttention on CUDA: forward and backward against SDPA with the dense mask, and
-peak memory at the seed's attention shape (run with `pytest tests/gpu`)."""
+"""Compiled FlexAttention on CUDA: forward and backward against SDPA with the dense mask (full
+and sliding-window layers, the window as the engines serve it), the compiled BlockMask's mask_mod
+against the dense mask cell for cell, and peak memory at the seed's attention shape (run with
+`pytest tests/gpu`)."""
 
 from __future__ import annotations
 
@@ -54,7 +56,9 @@ SHAPES = {
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
-@pytest.mark.parametrize("window,causal", [(None, False), (512, True)])
+# windows: the served per-slot rule (slot k sees positions ≥ anchor + k − (W − 1)) with W
+# shorter than a block (the bound cuts into the block too), a little longer, and long.
+@pytest.mark.parametrize("window,causal", [(None, False), (7, True), (40, True), (512, True)])
 def test_compiled_flex_matches_sdpa_forward_and_backward(name, window, causal):
     bsz, n, b, s, heads, kv_heads, hd = SHAPES[name]
     anchors, valid = layout(0, bsz, n, s)
@@ -79,6 +83,22 @@ def test_compiled_flex_matches_sdpa_forward_and_backward(name, window, causal):
         assert torch.isfinite(got).all()
         assert rel(got, want) < 2e-2
         assert rel(got, want) < 3 * rel(base, want) + 2e-3
+
+
+@pytest.mark.parametrize("window", [7, 40])
+def test_sliding_mask_mod_on_cuda_equals_the_dense_mask(window):
+    """The mask_mod evaluated on the GPU (as the compiled BlockMask builder evaluates it) equals
+    `batched_dense_mask` cell for cell, per-slot window and causal block included."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    from trainer.masks import batched_dense_mask, draft_mask_mod
+
+    bsz, n, b, s = 2, 8, 16, 256
+    anchors, valid = layout(4, bsz, n, s)
+    mod = draft_mask_mod(anchors, valid, s, b, window=window, causal_in_block=True)
+    got = create_mask(mod, bsz, None, n * b, s + n * b, device="cuda")[:, 0]
+    want = batched_dense_mask(anchors, s, b, window=window, causal_in_block=True, valid=valid)
+    assert torch.equal(got, want)
 
 
 def test_seed_shape_peak_memory():
