@@ -141,6 +141,8 @@ def test_config_keys_and_values_follow_the_drafter(run, exported) -> None:
         "target_layer_ids": default_target_layers(4, 2),
         "mask_token_id": s.mask_token_id,
     }
+    ids = cfg["dflash_config"]["target_layer_ids"]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in ids]  # vLLM's numbering
     assert cfg["dflash_trainer"]["drafter_format"] == DRAFTER_FORMAT
     assert cfg["dflash_trainer"]["step"] == RAW["run"]["steps"]
     assert all(v is not None for k, v in cfg.items() if k not in ("rope_scaling",))

@@ -91,6 +91,9 @@ def hf_config(
             "target_layer_ids": list(target_layer_ids),
             "mask_token_id": shape.mask_token_id,
         },
+        # vLLM before it read dflash_config took only this key (else 3 guessed layers); its
+        # aux layer i + 1 is the output of decoder layer i
+        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in target_layer_ids],
         "dtype": _DTYPE_NAMES[dtype],
         "torch_dtype": _DTYPE_NAMES[dtype],
         "dflash_trainer": {"drafter_format": DRAFTER_FORMAT, **(provenance or {})},
