@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trainer.checkpoint import _fsync_dir as _fsync  # works on files too
 from trainer.errors import TrainerError
 from trainer.model import DRAFTER_FORMAT, Drafter, DrafterShape
 from trainer.rope import RopeSpec, rope_settings
@@ -183,14 +184,6 @@ def write_folder(out: Path, tensors: dict[str, Tensor], config: dict[str, Any]) 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from dflash_ops import evaluation
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.foreground import drain
 from dflash_ops.cli.options import (
+    CheckpointOption,
     TargetChoice,
     with_target,
 )
@@ -25,14 +26,7 @@ def eval_(
         str,
         typer.Option("--prompts", help="Prompt JSONL at the place (absolute path)."),
     ],
-    checkpoint: Annotated[
-        str | None,
-        typer.Option(
-            "--checkpoint",
-            help="step-XXXXXXXX in the checkpoints folder, or an absolute path at the place "
-            "(default: the newest verified checkpoint).",
-        ),
-    ] = None,
+    checkpoint: CheckpointOption = None,
     max_new_tokens: Annotated[
         int | None, typer.Option("--max-new-tokens", min=1, help="Tokens to decode per prompt.")
     ] = None,

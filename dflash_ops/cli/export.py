@@ -12,7 +12,7 @@ from rich.progress import DownloadColumn, Progress, TextColumn, TransferSpeedCol
 from dflash_ops import export as exporting
 from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
-from dflash_ops.cli.options import TargetChoice, with_target
+from dflash_ops.cli.options import CheckpointOption, TargetChoice, with_target
 
 app = typer.Typer()
 
@@ -24,14 +24,7 @@ def export(
     to: Annotated[
         Path, typer.Option("--to", help="Local folder to create (config.json, model.safetensors).")
     ],
-    checkpoint: Annotated[
-        str | None,
-        typer.Option(
-            "--checkpoint",
-            help="step-XXXXXXXX in the checkpoints folder, or an absolute path at the place "
-            "(default: the newest verified checkpoint).",
-        ),
-    ] = None,
+    checkpoint: CheckpointOption = None,
     dtype: Annotated[
         str, typer.Option("--dtype", help="Weights dtype: bf16, fp16 or fp32.")
     ] = "bf16",
