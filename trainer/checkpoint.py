@@ -238,12 +238,24 @@ def find_resumable(run_dir: str | Path) -> Found:
 def check_compatible(found: Found, config: TrainConfig, *, force: bool = False) -> list[str]:
     """Keys whose values differ; raises `CheckpointMismatch` unless `force`."""
     assert found.path is not None and found.manifest is not None
-    if found.manifest.config_hash == config.model_data_hash():
+    changed = format_changes(found.manifest)
+    if found.manifest.config_hash == config.model_data_hash() and not changed:
         return []
-    keys = diff_settings(found.manifest.settings, config.model_data_settings()) or ["(config hash)"]
+    keys = diff_settings(found.manifest.settings, config.model_data_settings())
+    keys = keys + changed if keys or changed else ["(config hash)"]
     if not force:
         raise CheckpointMismatch(found.path, keys)
     return keys
+
+
+def format_changes(manifest: Manifest) -> list[str]:
+    """Settings whose meaning changed since the checkpoint's drafter format: format 1 counted a
+    sliding window before the anchor, the engines (and format 2) end it at each slot."""
+    if manifest.drafter_format >= DRAFTER_FORMAT or not manifest.settings.get(
+        "model.sliding_layers"
+    ):
+        return []
+    return ["model.sliding_window (drafter format 1: the window rule changed)"]
 
 
 def load_state(path: Path, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:
