@@ -149,3 +149,42 @@ def test_new_batch_does_not_recompile():
             out = draft_attention(q, k, v, mask)
         ref_mask = build_draft_mask(anchors, valid, s, b, backend="sdpa")
         assert rel(out, draft_attention(q.float(), k.float(), v.float(), ref_mask)) < 1e-2
+
+
+@pytest.mark.parametrize("window", [7, 40])
+def test_drafter_with_served_window_flex_matches_sdpa(window):
+    """A whole drafter for a Llama-shaped target (q/k norm, attention bias, llama3 rope, one
+    sliding layer): compiled flex against SDPA with the dense mask, outputs and gradients, fp32."""
+    from transformers import LlamaConfig
+
+    from trainer.config import ModelConfig
+    from trainer.model import Drafter, shape_from_target
+
+    hidden, vocab, s, n, b = 128, 500, 256, 8, 16
+    target = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=256, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, attention_bias=True,
+        max_position_embeddings=4096, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 1024},
+    )  # fmt: skip
+    model = ModelConfig(
+        target="t", num_layers=2, block_size=b, sliding_window=window, sliding_layers=[0]
+    )
+    torch.manual_seed(0)
+    drafter = Drafter(shape_from_target(target, model, num_features=2)).cuda()
+    anchors, valid = layout(5, 2, n, s)
+    g = torch.Generator().manual_seed(6)
+    features = torch.randn(2, s, 2 * hidden, generator=g).cuda()
+    ids = torch.randint(0, vocab, (2, s), generator=g).cuda()
+    embed = torch.randn(vocab, hidden, generator=g).cuda()
+    results = []
+    for backend in ("flex", "sdpa"):
+        drafter.zero_grad(set_to_none=True)
+        drafter.attention_backend = backend
+        feats = features.clone().requires_grad_()
+        out = drafter(feats, ids, anchors, valid, embed)
+        out.square().mean().backward()
+        results.append([out.detach(), feats.grad] + [p.grad for p in drafter.parameters()])
+    for got, want in zip(*results, strict=True):
+        assert rel(got, want) < 1e-4
