@@ -110,3 +110,25 @@ def test_llama_drafter_runs_forward() -> None:
     out = drafter(feats, ids, torch.tensor([[5, 12]]), torch.ones(1, 2, dtype=torch.bool),
                   torch.randn(300, 64))  # fmt: skip
     assert out.shape == (1, 2, 4, 64) and torch.isfinite(out).all()
+
+
+def test_resuming_a_drafter_without_qk_norm_is_refused() -> None:
+    """A format-1 drafter of a Llama target had no q/k norms: resuming it names the tensors."""
+    from dataclasses import replace
+
+    from trainer.config import config_from_dict
+    from trainer.errors import TrainerError
+    from trainer.pipeline import DrafterWorker
+
+    shape = drafter_for(llama()).shape
+    old = Drafter(replace(shape, qk_norm=False))
+    config = config_from_dict({"model": {"target": "t"}, "data": {"path": "d"}})
+    embed = torch.zeros(300, 64)
+    worker = DrafterWorker.for_config(
+        shape, config, torch.device("cpu"), embed_weight=embed, lm_head_weight=embed
+    )
+    state = worker.state_dict()
+    state["drafter"] = old.state_dict()
+    with pytest.raises(TrainerError, match="q_norm") as info:
+        worker.load_state_dict(state)
+    assert "new run folder" in str(info.value)
