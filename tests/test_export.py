@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -220,6 +221,20 @@ def test_tensor_mismatch_is_refused(run) -> None:
     state["lm_head.weight"] = torch.zeros(1)
     with pytest.raises(DrafterFolderError, match="k_norm"):
         hf_tensors(drafter.shape, state, torch.float32)
+
+
+def test_a_folder_missing_a_key_is_refused(exported, tmp_path) -> None:
+    shutil.copytree(exported, tmp_path / "d")
+    cfg = json.loads((exported / "config.json").read_text())
+    for key, message in [("dflash_config", "dflash_config"), ("sliding_window", "sliding_window")]:
+        broken = (
+            {**cfg, key: None}
+            if key == "sliding_window"
+            else {k: v for k, v in cfg.items() if k != key}
+        )
+        (tmp_path / "d" / "config.json").write_text(json.dumps(broken))
+        with pytest.raises(DrafterFolderError, match=message):
+            load_folder(tmp_path / "d")
 
 
 def test_a_failed_write_leaves_nothing(tmp_path) -> None:

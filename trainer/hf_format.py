@@ -119,6 +119,8 @@ def shape_from_hf_config(cfg: dict[str, Any]) -> DrafterShape:
     if bad or len(layer_types) != _need(cfg, "num_hidden_layers"):
         raise DrafterFolderError(f"{CONFIG}: layer_types {layer_types} do not match the layers")
     sliding = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
+    if sliding and not isinstance(cfg.get("sliding_window"), int):
+        raise DrafterFolderError(f"{CONFIG}: sliding layers {list(sliding)} need a sliding_window")
     rope = rope_settings(SimpleNamespace(**cfg))
     return DrafterShape(
         hidden_size=int(_need(cfg, "hidden_size")),
