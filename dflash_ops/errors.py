@@ -178,3 +178,9 @@ class TrainConfigInvalid(DflashError):
     the place; nothing there was changed."""
 
     hint = "Fix [train] in deploy.toml, then run dflash doctor (it runs the same check)."
+
+
+class ExportError(DflashError):
+    """`dflash export` could not start, the exporter at the place failed, or the stream broke."""
+
+    hint = "Check the checkpoint at the place (dflash checkpoints), then run again."

@@ -204,3 +204,16 @@ def test_a_shard_folder_passes_and_a_folder_without_shards_is_named(
     empty.mkdir()
     code, _, err = check(capsys, config(tmp_path, target, empty))
     assert code == 1 and "data.path" in err and "without token shards" in err
+
+
+def test_a_target_setting_the_served_drafter_cannot_follow_is_named(
+    tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GELU target is refused by the check, by field and value, before anything loads."""
+    gelu = tmp_path / "gelu-target"
+    shutil.copytree(target, gelu)
+    raw = json.loads((gelu / "config.json").read_text())
+    (gelu / "config.json").write_text(json.dumps({**raw, "hidden_act": "gelu"}))
+    code, _, err = check(capsys, config(tmp_path, gelu, tokenized(tmp_path)))
+    assert code == 1
+    assert "model.target" in err and "hidden_act = 'gelu'" in err

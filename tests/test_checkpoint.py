@@ -12,6 +12,7 @@ import torch
 
 from trainer import checkpoint as ckpt
 from trainer.config import config_from_dict, with_overrides
+from trainer.model import DRAFTER_FORMAT
 
 CFG = config_from_dict({"model": {"target": "/m/t"}, "data": {"path": "/d/x.jsonl"}})
 
@@ -77,6 +78,28 @@ def test_other_settings_refused_naming_keys(tmp_path) -> None:
         "data.num_anchors",
         "model.block_size",
     ]
+
+
+def test_manifest_records_the_drafter_format_and_a_format_1_window_is_refused(tmp_path) -> None:
+    windowed = with_overrides(CFG, model={"sliding_window": 8, "sliding_layers": [0]})
+    ckpt.save_checkpoint(tmp_path, 3, state(3), windowed, keep_last=2)
+    found = ckpt.find_resumable(tmp_path)
+    assert found.manifest.drafter_format == DRAFTER_FORMAT
+    assert ckpt.check_compatible(found, windowed) == []
+    manifest = tmp_path / "step-00000003" / "manifest.json"
+    raw = json.loads(manifest.read_text())
+    raw.pop("drafter_format")  # as an earlier trainer wrote it
+    manifest.write_text(json.dumps(raw))
+    old = ckpt.find_resumable(tmp_path)
+    assert old.manifest.drafter_format == 1
+    with pytest.raises(ckpt.CheckpointMismatch, match="the window rule changed"):
+        ckpt.check_compatible(old, windowed)
+    ckpt.save_checkpoint(tmp_path / "full", 3, state(3), CFG, keep_last=2)
+    manifest = tmp_path / "full" / "step-00000003" / "manifest.json"
+    raw = json.loads(manifest.read_text())
+    raw.pop("drafter_format")
+    manifest.write_text(json.dumps(raw))
+    assert ckpt.check_compatible(ckpt.find_resumable(tmp_path / "full"), CFG) == []
 
 
 def test_write_failure_leaves_previous_intact(tmp_path) -> None:

@@ -27,17 +27,47 @@ def test_two_blocks_bidirectional():
 
 
 def test_window_and_causal_in_block():
-    # S = 6, B = 3, anchors 1 and 5, window 2: block 1 sees context 3 and 4 only.
+    # S = 6, B = 3, anchors 1 and 5, window 2 (the engines' rule: slot k at position a + k sees
+    # positions a + k − 1 and a + k): slot 0 sees the context token just before its anchor and
+    # itself; later slots see the previous slot and themselves, no context.
     want = rows(
         "100000 100 000",
-        "100000 110 000",
-        "100000 111 000",
-        "000110 000 100",
-        "000110 000 110",
-        "000110 000 111",
+        "000000 110 000",
+        "000000 011 000",
+        "000010 000 100",
+        "000000 000 110",
+        "000000 000 011",
     )
     got = dense_mask(torch.tensor([1, 5]), 6, 3, window=2, causal_in_block=True)
     assert torch.equal(got, want)
+
+
+def sliding_rule(anchor: int, slot: int, key_pos: int, window: int) -> bool:
+    """The serving engines' sliding-window layer, written per position: the query at position
+    anchor + slot sees every position p with anchor + slot − (W − 1) <= p <= anchor + slot that it
+    has (context positions < anchor, block slots 0 … slot)."""
+    q_pos = anchor + slot
+    return q_pos - (window - 1) <= key_pos <= q_pos
+
+
+@pytest.mark.parametrize("window", [1, 3, 6, 40])
+def test_window_is_the_engines_per_slot_rule(window: int) -> None:
+    s, b = 30, 5
+    anchors = torch.tensor([0, 3, 12, 29])
+    got = dense_mask(anchors, s, b, window=window, causal_in_block=True)
+    mod = draft_mask_mod(
+        anchors[None], torch.ones(1, 4, dtype=torch.bool), s, b, window=window, causal_in_block=True
+    )
+    flex = create_mask(mod, 1, None, 4 * b, s + 4 * b, device="cpu")[0, 0]
+    want = torch.zeros_like(got)
+    for n, a in enumerate(anchors.tolist()):
+        for k in range(b):
+            for j in range(a):  # context positions before the anchor
+                want[n * b + k, j] = sliding_rule(a, k, j, window)
+            for k2 in range(b):  # own block: slot k2 is at position a + k2
+                want[n * b + k, s + n * b + k2] = sliding_rule(a, k, a + k2, window)
+    assert torch.equal(got, want)
+    assert torch.equal(flex, want)
 
 
 def test_invalid_block_and_anchor_at_zero():

@@ -47,7 +47,7 @@ def test_forward_shape_and_shape_from_target() -> None:
     drafter = make_drafter()
     s = drafter.shape
     assert (s.num_heads, s.num_kv_heads, s.head_dim, s.intermediate_size) == (4, 2, 8, 64)
-    assert s.qk_norm and s.mask_token_id == 3 and s.rope_theta == 10000.0
+    assert s.qk_norm and s.mask_token_id == 3 and s.rope.theta == 10000.0
     out = drafter(*inputs())
     assert out.shape == (2, 3, B, H) and torch.isfinite(out).all()
     assert drafter.fc.weight.shape == (H, 3 * H)

@@ -24,9 +24,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from trainer.config import TrainConfig, TrainConfigError, load_config
+from trainer.errors import UnsupportedTarget
+from trainer.fidelity import check_target_supported
 
 # Target families whose layer shape the drafter copies (config.json `model_type`).
 SUPPORTED_FAMILIES = ("qwen3", "qwen2", "llama", "mistral")
@@ -100,6 +103,10 @@ def check_target(config: TrainConfig) -> str:
             f"{folder}/config.json: missing or not a positive integer: {', '.join(bad)}",
             hint,
         )
+    try:  # the settings the served drafter cannot follow (activation, biases, rope), by name
+        check_target_supported(SimpleNamespace(**c))
+    except UnsupportedTarget as exc:
+        raise fail("model.target", f"{folder}/config.json: {exc.args[0]}", exc.hint) from exc
     layers = c["num_hidden_layers"]
     out = [i for i in config.model.target_layers or [] if not 0 <= i <= layers - 2]
     if out:

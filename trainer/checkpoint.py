@@ -25,6 +25,7 @@ import torch
 
 from trainer.config import TrainConfig, diff_settings
 from trainer.errors import TrainerError
+from trainer.model import DRAFTER_FORMAT
 
 STATE = "state.pt"
 MANIFEST = "manifest.json"
@@ -95,6 +96,8 @@ class Manifest:
     settings: dict[str, Any] = field(default_factory=dict)
     schedule: dict[str, Any] = field(default_factory=dict)  # `TrainConfig.schedule_settings`
     resolved: dict[str, Any] = field(default_factory=dict)  # every setting as the run used it
+    # the drafter's layer format (`trainer.model.DRAFTER_FORMAT`); manifests without it are 1
+    drafter_format: int = 1
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,7 @@ def _save(
         settings=config.model_data_settings(),
         schedule=config.schedule_settings(),
         resolved={**config.flat(), **(resolved or {})},
+        drafter_format=DRAFTER_FORMAT,
     )
     with open(tmp / MANIFEST, "w") as fh:
         json.dump(asdict(manifest), fh, indent=1, sort_keys=True)
@@ -281,9 +285,11 @@ def find_resumable(run_dir: str | Path) -> Found:
 def check_compatible(found: Found, config: TrainConfig, *, force: bool = False) -> list[str]:
     """Keys whose values differ; raises `CheckpointMismatch` unless `force`."""
     assert found.path is not None and found.manifest is not None
-    if found.manifest.config_hash == config.model_data_hash():
+    changed = format_changes(found.manifest)
+    if found.manifest.config_hash == config.model_data_hash() and not changed:
         return []
-    keys = diff_settings(found.manifest.settings, config.model_data_settings()) or ["(config hash)"]
+    keys = diff_settings(found.manifest.settings, config.model_data_settings())
+    keys = keys + changed if keys or changed else ["(config hash)"]
     if not force:
         raise CheckpointMismatch(found.path, keys)
     return keys
@@ -304,6 +310,14 @@ def check_schedule(found: Found, config: TrainConfig) -> list[str]:
             f"run.steps = {config.run.steps}"
         )
     return changes
+def format_changes(manifest: Manifest) -> list[str]:
+    """Settings whose meaning changed since the checkpoint's drafter format: format 1 counted a
+    sliding window before the anchor, the engines (and format 2) end it at each slot."""
+    if manifest.drafter_format >= DRAFTER_FORMAT or not manifest.settings.get(
+        "model.sliding_layers"
+    ):
+        return []
+    return ["model.sliding_window (drafter format 1: the window rule changed)"]
 
 
 def load_state(path: Path, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:

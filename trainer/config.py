@@ -42,11 +42,10 @@ class ModelConfig:
     mask_token_id: int | None = None  # None: the target config's pad_token_id, else vocab_size − 1
     target_layers: list[int] | None = None  # 0-based decoder layers; None: spread from 1 to L−3
     num_target_layers: int = 5  # how many layers are spread when target_layers is None
-    sliding_window: int | None = (
-        None  # context window (tokens before the anchor) of windowed layers
-    )
+    # W of windowed layers: slot k at anchor a sees positions a + k − (W − 1) … a + k (as served)
+    sliding_window: int | None = None
     sliding_layers: list[int] = field(default_factory=list)  # drafter layers using the window
-    sliding_causal: bool = True  # windowed layers are causal inside the block
+    sliding_causal: bool = True  # windowed layers are causal inside the block (as served)
 
     def __post_init__(self) -> None:
         _positive("model.num_layers", self.num_layers)
@@ -66,6 +65,12 @@ class ModelConfig:
         if bad:
             raise TrainConfigError(
                 "model.sliding_layers", f"{bad} outside 0…{self.num_layers - 1} (model.num_layers)"
+            )
+        if not self.sliding_causal:
+            raise TrainConfigError(
+                "model.sliding_causal",
+                "false is not served: SGLang and vLLM run sliding-window layers causal inside "
+                "the block; remove the key",
             )
         if self.sliding_layers and self.sliding_window is None:
             raise TrainConfigError(

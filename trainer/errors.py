@@ -78,3 +78,22 @@ class AttentionKernelsTooLarge(TrainerError):
         'Set run.attention_kernels = "small" in [train] (deploy.toml) or train.toml: tiles that '
         "fit 80 KiB of shared memory, about 1.2x slower than the large ones on an H200."
     )
+
+
+class UnsupportedTarget(TrainerError):
+    """The target has a setting the served drafter cannot follow (the engines' DFlash drafter is
+    a Qwen3-style layer stack: SiLU MLP without bias, full-head RoPE of a few scaling types).
+
+    Training a drafter that silently differs from the target's setting, or from what the
+    engines would run, is worse than refusing: the message names the field and its value.
+    """
+
+    hint = (
+        "docs/training.md lists the supported target families; a target with this setting "
+        "cannot be trained for serving yet."
+    )
+
+    def __init__(self, field: str, value: object, why: str, *, hint: str | None = None) -> None:
+        super().__init__(f"target config {field} = {value!r}: {why}", hint=hint)
+        self.field = field
+        self.value = value

@@ -429,9 +429,7 @@ def compare(
             check_lossless=check_lossless, eos=eos, expected=expected, progress=progress,
         )  # fmt: skip
 
-    return Comparison(
-        one(drafter, progress), {name: one(b, None) for name, b in baselines.items()}
-    )
+    return Comparison(one(drafter, progress), {name: one(b, None) for name, b in baselines.items()})
 
 
 # ---- during training --------------------------------------------------------------------------
@@ -556,7 +554,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m trainer.evaluate", description=__doc__.split("\n")[0]
     )
     p.add_argument("--config", required=True, help="the training TOML (standalone or deploy.toml)")
-    p.add_argument("--checkpoint", required=True, help="a step-XXXXXXXX folder or a run folder")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--checkpoint", help="a step-XXXXXXXX folder or a run folder")
+    which.add_argument(
+        "--drafter", help="an exported folder (config.json + model.safetensors), as served"
+    )
     p.add_argument("--prompts", required=True, help="JSONL: tokenized samples or chat messages")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts only")
@@ -577,35 +579,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_block_drafter(
-    args: argparse.Namespace, config: Any, target: Target
-) -> tuple[BlockDrafter, str]:
-    """The drafter to judge, from the command line (a training checkpoint), and what it is."""
-    drafter, step = load_drafter(config, Path(args.checkpoint), target)
+def load_block_drafter(args: argparse.Namespace, config: Any) -> tuple[Target, BlockDrafter, str]:
+    """The target and the drafter to judge, from the command line: an exported folder
+    (`--drafter`, read only as the engines read it, with its own target layers) or a training
+    checkpoint; and what it is, for the report."""
+    from trainer.target import load_target
+    from trainer.trainer import resolve_device
+
+    if args.drafter:
+        from trainer.hf_format import load_for_target
+
+        target, drafter, step = load_for_target(args.drafter, config)
+    else:
+        target = load_target(
+            config.model.target,
+            device=resolve_device(config.run.device),
+            layers=config.model.target_layers,
+            num_layers=config.model.num_target_layers,
+        )
+        drafter, step = load_drafter(config, Path(args.checkpoint), target)
     block = DFlashDrafter(
         drafter, embed_weight=target.embed_weight, lm_head_weight=target.lm_head_weight
     )
-    return block, f"step {step}"
+    return target, block, f"step {step}"
 
 
 def run(args: argparse.Namespace) -> Comparison:
     from trainer.config import load_config
-    from trainer.target import load_target
-    from trainer.trainer import resolve_demo, resolve_device
+    from trainer.trainer import resolve_demo
 
     config = load_config(args.config, args.overrides)
-    ckpt_path = Path(args.checkpoint)
+    ckpt_path = Path(args.checkpoint or args.drafter)
     run_dir = ckpt_path.parent if ckpt_path.name.startswith("step-") else ckpt_path
     config = resolve_demo(config, run_dir)
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
-    target = load_target(
-        config.model.target,
-        device=resolve_device(config.run.device),
-        layers=config.model.target_layers,
-        num_layers=config.model.num_target_layers,
-    )
-    block, what = load_block_drafter(args, config, target)
+    target, block, what = load_block_drafter(args, config)
     prompts = load_prompts(
         args.prompts,
         tokenizer_dir=config.model.target,

@@ -5,9 +5,14 @@ Keys are laid out as `[context 0 … S−1 | block 0 | block 1 | … | block N�
 the mask token). Query `n·B + k` (block n, slot k) sees
 
 - context key `j < S` iff block n is valid, `j < anchors[n]` (strictly before its anchor) and,
-  with a window, `j >= anchors[n] − window`;
+  with a window W, `j >= anchors[n] + k − (W − 1)`;
 - block key `S + n'·B + k'` iff `n' == n`, block n is valid and (without `causal_in_block`)
-  any slot, or (with it) `k' <= k`.
+  any slot, or (with it) `k' <= k`; with a window W also `k' >= k − (W − 1)`.
+
+The window is the one the serving engines (SGLang, vLLM, SpecForge's trainer) apply to a
+sliding-window layer: slot k sits at position `anchor + k`, and a window of W positions ends at
+(and includes) that position. So every slot has its own lower bound, one position later than
+the slot before it.
 
 Blocks never see each other. Rows of an invalid block see nothing; the attention paths return
 zeros for them (see `trainer.attention`) and the loss ignores their labels.
@@ -63,20 +68,19 @@ def batched_dense_mask(
     b = block_size
 
     j = torch.arange(context_len, device=device)  # (S,)
-    start = anchors[..., None]  # (Bsz, N, 1)
-    sees_ctx = j < start  # (Bsz, N, S)
+    slot = torch.arange(b, device=device)  # (B,)
+    start = anchors[..., None, None]  # (Bsz, N, 1, 1)
+    sees_ctx = (j < start).expand(bsz, n_blocks, b, context_len)  # (Bsz, N, B, S)
     if window is not None:
-        sees_ctx &= j >= start - window
-    sees_ctx &= valid[..., None]
-    sees_ctx = sees_ctx[:, :, None, :].expand(bsz, n_blocks, b, context_len)  # (Bsz, N, B, S)
+        sees_ctx = sees_ctx & (j >= start + slot[:, None] - (window - 1))
+    sees_ctx = sees_ctx & valid[..., None, None]
     sees_ctx = sees_ctx.reshape(bsz, n_blocks * b, context_len)
 
-    slot = torch.arange(b, device=device)
-    own = (
-        slot[None, :] <= slot[:, None]
-        if causal_in_block
-        else torch.ones(b, b, dtype=torch.bool, device=device)
-    )  # (B query slots, B key slots)
+    own = torch.ones(b, b, dtype=torch.bool, device=device)  # (B query slots, B key slots)
+    if causal_in_block:
+        own &= slot[None, :] <= slot[:, None]
+    if window is not None:
+        own &= slot[None, :] >= slot[:, None] - (window - 1)
     same = torch.eye(n_blocks, dtype=torch.bool, device=device)  # (N, N')
     blocks = same[:, None, :, None] & own[None, :, None, :]  # (N, B, N', B')
     blocks = blocks.reshape(n_blocks * b, n_blocks * b)
@@ -134,29 +138,37 @@ def valid_block_mask_mod(valid: Tensor, block_size: int) -> MaskMod:
 def context_mask_mod(
     anchors: Tensor, context_len: int, block_size: int, *, window: int | None = None
 ) -> MaskMod:
-    """Context keys strictly before the block's anchor (and within `window` of it)."""
+    """Context keys strictly before the block's anchor (and, with a window W, at or after
+    `anchor + k − (W − 1)` for slot k: the window ends at the slot's own position)."""
     n_blocks = anchors.shape[1]
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         start = anchors[b, _block_of(q_idx, block_size, n_blocks)]
         seen = (kv_idx < context_len) & (kv_idx < start)
         if window is not None:
-            seen = seen & (kv_idx >= start - window)
+            seen = seen & (kv_idx >= start + q_idx % block_size - (window - 1))
         return seen
 
     return mask_mod
 
 
 def own_block_mask_mod(
-    context_len: int, block_size: int, *, causal_in_block: bool = False
+    context_len: int,
+    block_size: int,
+    *,
+    causal_in_block: bool = False,
+    window: int | None = None,
 ) -> MaskMod:
-    """Block keys of the query's own block (all slots, or slots `<= k` when causal)."""
+    """Block keys of the query's own block (all slots, or slots `<= k` when causal; with a
+    window W, slots `>= k − (W − 1)`)."""
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         key = kv_idx - context_len  # negative for context keys
         same = (key >= 0) & (key // block_size == q_idx // block_size)
         if causal_in_block:
             same = same & (key % block_size <= q_idx % block_size)
+        if window is not None:
+            same = same & (key % block_size >= q_idx % block_size - (window - 1))
         return same
 
     return mask_mod
@@ -175,7 +187,9 @@ def draft_mask_mod(
     _check_layout(anchors, valid, context_len, block_size)
     is_valid = valid_block_mask_mod(valid, block_size)
     ctx = context_mask_mod(anchors, context_len, block_size, window=window)
-    own = own_block_mask_mod(context_len, block_size, causal_in_block=causal_in_block)
+    own = own_block_mask_mod(
+        context_len, block_size, causal_in_block=causal_in_block, window=window
+    )
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return is_valid(b, h, q_idx, kv_idx) & (ctx(b, h, q_idx, kv_idx) | own(b, h, q_idx, kv_idx))

@@ -5,11 +5,19 @@ Forward, for a batch of sequences with N blocks of B slots each:
 2. block tokens `[x_anchor, MASK, …, MASK]` embedded with the target's frozen embedding
    → (Bsz, N·B, H);
 3. every layer: queries from the block tokens only; keys/values = the same k/v projections applied
-   to `[context | block tokens]`; RoPE positions 0…S−1 for the context and anchor+k for slot k;
+   to `[context | block tokens]`, per-head RMSNorm on q and k, RoPE (the target's theta and
+   scaling, `trainer.rope`) at positions 0…S−1 for the context and anchor+k for slot k;
    the mask (`trainer.attention.build_draft_mask`, built once per batch and per layer kind) lets
-   block n see context positions < anchor n and its own block only;
+   block n see context positions < anchor n and its own block only (sliding-window layers: the
+   engines' per-slot window, causal inside the block);
 4. final RMSNorm → (Bsz, N, B, H), read by the target's frozen lm_head inside the loss.
 The drafter has no embedding or lm_head of its own: they are passed in (frozen) at call time.
+
+The layer is the one the serving engines run (docs/serving.md): q/k norms always, one bias for
+q, k, v and o, a SiLU MLP without bias; `check_target_supported` (`trainer.fidelity`) refuses a
+target such a layer cannot follow. `DRAFTER_FORMAT` is recorded with each checkpoint: format-1
+drafters (the window counted before the anchor, q/k norms for Qwen3 targets only, no o_proj
+bias, plain RoPE) may be served differently, and the exporter refuses those that would be.
 """
 
 from __future__ import annotations
@@ -29,6 +37,12 @@ from trainer.attention import (
     fail_instead_of_eager_fallback,
 )
 from trainer.config import ModelConfig, TrainConfigError
+from trainer.fidelity import check_target_supported, rope_from_target
+from trainer.rope import RopeSpec, apply_rope, rope_cos_sin
+
+__all__ = ["DRAFTER_FORMAT", "Drafter", "DrafterShape", "check_target_supported"]
+
+DRAFTER_FORMAT = 2  # 2: the engines' window rule, q/k norms always, o_proj bias, target rope
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,9 +55,7 @@ class DrafterShape:
     head_dim: int
     intermediate_size: int
     rms_norm_eps: float
-    rope_theta: float
-    qk_norm: bool
-    attention_bias: bool
+    attention_bias: bool  # one bias on q, k, v and o (the engines' meaning)
     num_layers: int
     num_features: int  # n: target layers concatenated
     block_size: int
@@ -52,6 +64,9 @@ class DrafterShape:
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] = field(default_factory=tuple)
     sliding_causal: bool = True
+    rope: RopeSpec = field(default_factory=RopeSpec)
+    qk_norm: bool = True  # False only to load a format-1 checkpoint of a non-Qwen3 target
+    o_proj_bias: bool | None = None  # None: attention_bias; False: a format-1 checkpoint
 
     def __post_init__(self) -> None:
         if not 0 <= self.mask_token_id < self.vocab_size:
@@ -62,13 +77,25 @@ class DrafterShape:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"kv heads {self.num_kv_heads} must divide heads {self.num_heads}")
 
+    @property
+    def has_o_bias(self) -> bool:
+        return self.attention_bias if self.o_proj_bias is None else self.o_proj_bias
+
+    @property
+    def layer_types(self) -> list[str]:
+        """Per layer, named as the engines' `layer_types` config key names them."""
+        return [
+            "sliding_attention" if i in self.sliding_layers else "full_attention"
+            for i in range(self.num_layers)
+        ]
+
 
 def shape_from_target(target_config: Any, model: ModelConfig, *, num_features: int) -> DrafterShape:
-    """Take the layer shape from a `transformers` config; Qwen3-family targets get q/k norms."""
+    """Take the layer shape, rope and bias from a `transformers` config; a target the served
+    drafter cannot follow raises `UnsupportedTarget` (`check_target_supported`)."""
     c = target_config
+    check_target_supported(c)
     heads = int(c.num_attention_heads)
-    rope = getattr(c, "rope_parameters", None) or {}
-    theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
     vocab = int(c.vocab_size)
     mask_id = model.mask_token_id
     if mask_id is None:
@@ -81,8 +108,7 @@ def shape_from_target(target_config: Any, model: ModelConfig, *, num_features: i
         head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads),
         intermediate_size=int(c.intermediate_size),
         rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
-        rope_theta=float(theta),
-        qk_norm=str(getattr(c, "model_type", "")).startswith("qwen3"),
+        rope=rope_from_target(c),
         attention_bias=bool(getattr(c, "attention_bias", False)),
         num_layers=model.num_layers,
         num_features=num_features,
@@ -107,20 +133,6 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """positions (Bsz, L) → cos, sin (Bsz, 1, L, hd) in fp32 (rotate-half layout)."""
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
-    freqs = positions.float()[..., None] * inv  # (Bsz, L, hd/2)
-    emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (Bsz, 1, L, hd)
-    return emb.cos(), emb.sin()
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
-
-
 class DrafterAttention(nn.Module):
     def __init__(self, s: DrafterShape) -> None:
         super().__init__()
@@ -129,7 +141,7 @@ class DrafterAttention(nn.Module):
         self.q_proj = nn.Linear(s.hidden_size, s.num_heads * hd, bias=bias)
         self.k_proj = nn.Linear(s.hidden_size, s.num_kv_heads * hd, bias=bias)
         self.v_proj = nn.Linear(s.hidden_size, s.num_kv_heads * hd, bias=bias)
-        self.o_proj = nn.Linear(s.num_heads * hd, s.hidden_size, bias=False)
+        self.o_proj = nn.Linear(s.num_heads * hd, s.hidden_size, bias=s.has_o_bias)
         self.q_norm = RMSNorm(hd, s.rms_norm_eps) if s.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(hd, s.rms_norm_eps) if s.qk_norm else nn.Identity()
 
@@ -283,8 +295,8 @@ class Drafter(nn.Module):
         ctx_pos = torch.arange(seq, device=features.device).expand(bsz, seq)  # (Bsz, S)
         blk_pos = anchors[:, :, None] + torch.arange(s.block_size, device=features.device)
         blk_pos = blk_pos.reshape(bsz, -1)  # (Bsz, Q)
-        rope_q = rope_cos_sin(blk_pos, s.head_dim, s.rope_theta)
-        rope_k = rope_cos_sin(torch.cat([ctx_pos, blk_pos], dim=1), s.head_dim, s.rope_theta)
+        rope_q = rope_cos_sin(blk_pos, s.head_dim, s.rope)
+        rope_k = rope_cos_sin(torch.cat([ctx_pos, blk_pos], dim=1), s.head_dim, s.rope)
         masks = self.build_masks(anchors, valid, seq)
         with compile_errors_as_typed("A drafter layer"):
             for layer in self.layers:

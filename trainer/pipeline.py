@@ -21,6 +21,7 @@ from torch import Tensor
 
 from trainer.config import LossConfig, OptimConfig, TrainConfig
 from trainer.data import Batch, uniform_noise
+from trainer.errors import TrainerError
 from trainer.loss import dflash_loss
 from trainer.model import Drafter, DrafterShape, shape_from_target
 from trainer.target import Target
@@ -269,6 +270,13 @@ class DrafterWorker:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.drafter.load_state_dict(state["drafter"])
+        missing, unexpected = self.drafter.load_state_dict(state["drafter"], strict=False)
+        if missing or unexpected:  # e.g. a format-1 drafter: no q/k norm or o_proj bias
+            raise TrainerError(
+                f"the checkpoint's drafter has other tensors than this trainer builds (missing "
+                f"{missing[:3]}, unexpected {unexpected[:3]}): it was trained by an earlier "
+                "trainer, whose layers differ from the ones the engines serve",
+                hint="Train from scratch into a new run folder (dflash deploy without --resume).",
+            )
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

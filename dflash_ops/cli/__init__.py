@@ -30,6 +30,7 @@ from dflash_ops.cli import (
     deploy,
     doctor,
     eval,
+    export,
     generate,
     init,
     logs,
@@ -60,8 +61,9 @@ for group in (
     releases,
     checkpoints,
     eval,
-    plan,
+    export,
     generate,
+    plan,
 ):
     app.add_typer(group.app)
 

@@ -11,6 +11,7 @@ from dflash_ops import evaluation
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.foreground import drain
 from dflash_ops.cli.options import (
+    CheckpointOption,
     TargetChoice,
     with_target,
 )
@@ -34,14 +35,7 @@ def eval_(
             help="Prompt JSONL at the place (absolute; relative to here for a local target).",
         ),
     ],
-    checkpoint: Annotated[
-        str | None,
-        typer.Option(
-            "--checkpoint",
-            help="step-XXXXXXXX in the checkpoints folder, or an absolute path at the place "
-            "(default: the newest verified checkpoint).",
-        ),
-    ] = None,
+    checkpoint: CheckpointOption = None,
     max_new_tokens: Annotated[
         int | None, typer.Option("--max-new-tokens", min=1, help="Tokens to decode per prompt.")
     ] = None,

@@ -80,6 +80,15 @@ ForceOption = Annotated[
     ),
 ]
 
+CheckpointOption = Annotated[
+    str | None,
+    typer.Option(
+        "--checkpoint",
+        help="step-XXXXXXXX in the checkpoints folder, or an absolute path at the place "
+        "(default: the newest verified checkpoint).",
+    ),
+]
+
 
 @dataclass(frozen=True, kw_only=True)
 class TargetChoice:

@@ -1,5 +1,7 @@
-"""Compiled FlexAttention on CUDA: forward and backward against SDPA with the dense mask, and
-peak memory at the seed's attention shape (run with `pytest tests/gpu`)."""
+"""Compiled FlexAttention on CUDA: forward and backward against SDPA with the dense mask (full
+and sliding-window layers, the window as the engines serve it), the compiled BlockMask's mask_mod
+against the dense mask cell for cell, and peak memory at the seed's attention shape (run with
+`pytest tests/gpu`)."""
 
 from __future__ import annotations
 
@@ -54,7 +56,9 @@ SHAPES = {
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
-@pytest.mark.parametrize("window,causal", [(None, False), (512, True)])
+# windows: the served per-slot rule (slot k sees positions ≥ anchor + k − (W − 1)) with W
+# shorter than a block (the bound cuts into the block too), a little longer, and long.
+@pytest.mark.parametrize("window,causal", [(None, False), (7, True), (40, True), (512, True)])
 @pytest.mark.parametrize("preset", ["auto", "small"])
 def test_compiled_flex_matches_sdpa_forward_and_backward(name, window, causal, preset):
     """Both kernel presets: the device's own and the tiles that fit ~100 KiB GPUs (forced)."""
@@ -82,6 +86,22 @@ def test_compiled_flex_matches_sdpa_forward_and_backward(name, window, causal, p
         assert torch.isfinite(got).all()
         assert rel(got, want) < 2e-2
         assert rel(got, want) < 3 * rel(base, want) + 2e-3
+
+
+@pytest.mark.parametrize("window", [7, 40])
+def test_sliding_mask_mod_on_cuda_equals_the_dense_mask(window):
+    """The mask_mod evaluated on the GPU (as the compiled BlockMask builder evaluates it) equals
+    `batched_dense_mask` cell for cell, per-slot window and causal block included."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    from trainer.masks import batched_dense_mask, draft_mask_mod
+
+    bsz, n, b, s = 2, 8, 16, 256
+    anchors, valid = layout(4, bsz, n, s)
+    mod = draft_mask_mod(anchors, valid, s, b, window=window, causal_in_block=True)
+    got = create_mask(mod, bsz, None, n * b, s + n * b, device="cuda")[:, 0]
+    want = batched_dense_mask(anchors, s, b, window=window, causal_in_block=True, valid=valid)
+    assert torch.equal(got, want)
 
 
 def test_seed_shape_peak_memory():
@@ -132,3 +152,42 @@ def test_new_batch_does_not_recompile():
             out = draft_attention(q, k, v, mask)
         ref_mask = build_draft_mask(anchors, valid, s, b, backend="sdpa")
         assert rel(out, draft_attention(q.float(), k.float(), v.float(), ref_mask)) < 1e-2
+
+
+@pytest.mark.parametrize("window", [7, 40])
+def test_drafter_with_served_window_flex_matches_sdpa(window):
+    """A whole drafter for a Llama-shaped target (q/k norm, attention bias, llama3 rope, one
+    sliding layer): compiled flex against SDPA with the dense mask, outputs and gradients, fp32."""
+    from transformers import LlamaConfig
+
+    from trainer.config import ModelConfig
+    from trainer.model import Drafter, shape_from_target
+
+    hidden, vocab, s, n, b = 128, 500, 256, 8, 16
+    target = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=256, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, attention_bias=True,
+        max_position_embeddings=4096, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 1024},
+    )  # fmt: skip
+    model = ModelConfig(
+        target="t", num_layers=2, block_size=b, sliding_window=window, sliding_layers=[0]
+    )
+    torch.manual_seed(0)
+    drafter = Drafter(shape_from_target(target, model, num_features=2)).cuda()
+    anchors, valid = layout(5, 2, n, s)
+    g = torch.Generator().manual_seed(6)
+    features = torch.randn(2, s, 2 * hidden, generator=g).cuda()
+    ids = torch.randint(0, vocab, (2, s), generator=g).cuda()
+    embed = torch.randn(vocab, hidden, generator=g).cuda()
+    results = []
+    for backend in ("flex", "sdpa"):
+        drafter.zero_grad(set_to_none=True)
+        drafter.attention_backend = backend
+        feats = features.clone().requires_grad_()
+        out = drafter(feats, ids, anchors, valid, embed)
+        out.square().mean().backward()
+        results.append([out.detach(), feats.grad] + [p.grad for p in drafter.parameters()])
+    for got, want in zip(*results, strict=True):
+        assert rel(got, want) < 1e-4
