@@ -194,4 +194,4 @@ def test_eval_streams_progress_as_it_goes(deployed: Deployed, tmp_path: Path) ->
     finally:
         proc.wait(timeout=120)
     assert [x.split(":")[0] for x in rest[:5]] == [f"prompt {i}/6 done" for i in range(2, 7)]
-    assert rest[5].startswith("tau ") and proc.returncode == 0
+    assert rest[5].startswith("drafter        tau ") and proc.returncode == 0
