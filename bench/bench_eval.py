@@ -15,9 +15,9 @@ GPU run, in order:
 3. a Qwen3-shaped target (8 layers, hidden 768) trained from scratch for a fixed time budget on the
    training files, so that its greedy continuations are code-like rather than random, saved with
    `save_pretrained` (`--reuse-target`: the one a previous run saved in `--work`);
-4. training data (`training_samples`, the one function that picks the source): the target's own
-   greedy continuations of windows of the training files (supervised on the continuation), or
-   `--train-data`, tokenized data made with the same target (e.g. by `trainer.generate`);
+4. training data (`training_samples`, the one function that picks the source): `trainer.generate`
+   (what users run) answers windows of the training files with the saved target, greedily, into
+   token shards supervised on the answers; or `--train-data`, data made with the same target;
 5. prompt lookup (n-gram drafting, n = `--lookup-max-n`…1) on the held-out prompts, once (the
    target is fixed), with the target in fp32 (so that the lossless check is not at the mercy of
    bf16 rounding between forwards of different lengths);
@@ -204,28 +204,6 @@ def train_target(
     }
 
 
-@torch.no_grad()
-def generate_samples(
-    model: torch.nn.Module, prompts: torch.Tensor, gen_len: int, batch: int
-) -> list[Sample]:
-    """The target's greedy continuations of `prompts` (N, P), supervised on the continuation."""
-    device = next(model.parameters()).device
-    out = []
-    for i in range(0, len(prompts), batch):
-        chunk = prompts[i : i + batch].to(device)
-        full = model.generate(
-            input_ids=chunk,
-            attention_mask=torch.ones_like(chunk),
-            do_sample=False,
-            max_new_tokens=gen_len,
-            min_new_tokens=gen_len,
-            pad_token_id=model.config.pad_token_id,
-        )
-        out.append(full.cpu())
-    mask = [False] * prompts.shape[1] + [True] * gen_len
-    return [Sample(row.tolist(), list(mask)) for row in torch.cat(out)]
-
-
 def write_prompts(path: Path, prompts: torch.Tensor) -> None:
     """Prompt-only samples in the tokenized format (nothing supervised: all of it is prompt)."""
     write_samples(path, [Sample(p.tolist(), [False] * len(p)) for p in prompts])
@@ -234,18 +212,41 @@ def write_prompts(path: Path, prompts: torch.Tensor) -> None:
 # ---- training data -------------------------------------------------------------------------------
 
 
-def training_samples(
-    args: argparse.Namespace, model: torch.nn.Module | None, stream: torch.Tensor
-) -> list[Sample]:
+def training_samples(args: argparse.Namespace, stream: torch.Tensor, device: torch.device) -> Any:
     """The drafter's training data (the one place to swap the source). `--train-data`: a file or
-    folder `trainer.data.load_samples` reads, made with this benchmark's target (`--reuse-target`;
-    e.g. by `trainer.generate` from windows of the training files); otherwise the target's own
-    greedy continuations of random windows of the training files, as many as the largest point."""
+    folder `trainer.data.load_samples` reads, made with this benchmark's target (`--reuse-target`);
+    otherwise `trainer.generate` (the command users run) answers random windows of the training
+    files with the saved target, greedily, into token shards, as many as the largest point."""
     if args.train_data:
         return load_samples(args.train_data, max_len=args.prompt_len + args.gen_len)
-    assert model is not None
-    prompts = windows(stream, max(args.samples), args.prompt_len, seed=2)
-    return generate_samples(model, prompts, args.gen_len, args.gen_batch)
+    from trainer.generate import main as generate
+
+    work = Path(args.work)
+    prompts = work / "generate-prompts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"input_ids": w.tolist()}) + "\n"
+            for w in windows(stream, max(args.samples), args.prompt_len, seed=2)
+        )
+    )
+    config = work / "generate.toml"
+    config.write_text(
+        f'[model]\ntarget = "{work / "target"}"\n'
+        f"[data]\nmax_len = {args.prompt_len + args.gen_len}\n"
+        f'[run]\ndevice = "{device.type}"\nthreads = {1 if args.smoke else 0}\n'
+    )
+    out = work / "generated"
+    shutil.rmtree(out, ignore_errors=True)  # the target was trained anew: its answers are too
+    code = generate(
+        [
+            "--config", str(config), "--prompts", str(prompts), "--out", str(out),
+            "--max-new-tokens", str(args.gen_len), "--batch-size", str(args.gen_batch),
+            "--shard-size", "4096", "--log-every", "30",
+        ]
+    )  # fmt: skip
+    if code != 0:
+        raise SystemExit(f"trainer.generate failed with exit code {code}")
+    return load_samples(out)
 
 
 # ---- evaluation ----------------------------------------------------------------------------------
@@ -401,25 +402,24 @@ def drafter_point(
 
 def target_and_tokenizer(
     args: argparse.Namespace, train_texts: list[str], device: torch.device
-) -> tuple[torch.nn.Module | None, Any, dict[str, Any]]:
-    """(model, tokenizer, info): trained here, or the one a previous run saved
-    (`--reuse-target`; the model is only loaded when the data are generated here)."""
+) -> tuple[Any, dict[str, Any]]:
+    """(tokenizer, info) of the target in `--work/target`: trained here and saved, or the one a
+    previous run saved (`--reuse-target`)."""
     target_dir = Path(args.work) / "target"
     if args.reuse_target:
         if not (target_dir / "config.json").is_file():
             raise SystemExit(f"--reuse-target: no saved target in {target_dir}; run once without")
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
-        model = None
-        if not args.train_data:
-            model = AutoModelForCausalLM.from_pretrained(str(target_dir), local_files_only=True)
-            model.to(device).eval()
-        return model, tokenizer, {"reused": str(target_dir)}
+        return tokenizer, {"reused": str(target_dir)}
     tokenizer = build_tokenizer(train_texts, args.vocab, target_dir)
     model, info = train_target(encode(tokenizer, train_texts), tokenizer, args, device)
     model.save_pretrained(str(target_dir))
-    return model, tokenizer, info
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return tokenizer, info
 
 
 def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -429,16 +429,15 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     train_texts, held_texts = corpus(args.corpus_bytes, args.holdout_every)
     log(f"corpus: {len(train_texts)} training files, {len(held_texts)} held out")
-    model, tokenizer, target_info = target_and_tokenizer(args, train_texts, device)
+    tokenizer, target_info = target_and_tokenizer(args, train_texts, device)
     stream, held_stream = encode(tokenizer, train_texts), encode(tokenizer, held_texts)
     log(f"tokens: {len(stream):,} training, {len(held_stream):,} held out")
     timings = {"target_s": time.perf_counter() - t0}
 
     t0 = time.perf_counter()
-    samples = training_samples(args, model, stream)
+    samples = training_samples(args, stream, device)
     eval_prompts = windows(held_stream, args.eval_prompts, args.prompt_len, seed=3)
     write_prompts(work / "prompts.jsonl", eval_prompts)
-    del model
     timings["data_s"] = time.perf_counter() - t0
     log(f"training data: {len(samples):,} samples")
 
@@ -456,7 +455,8 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "mode": "smoke" if args.smoke else "gpu",
         "target": target_info,
-        "training_data": args.train_data or "greedy continuations of training-file windows",
+        "training_data": args.train_data
+        or "trainer.generate: greedy answers to training-file windows",
         # the largest point's figures at the top level; every point under `points`
         **{k: last[k] for k in ("samples", "epochs", "held_out", "baselines", "train_prompts")},
         "drafter": last["drafter"],
