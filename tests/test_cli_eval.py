@@ -144,3 +144,22 @@ def test_eval_over_ssh(deployed: Deployed, ssh_home: object, tmp_path: Path) -> 
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     check_report(result.stdout)
+
+
+def test_eval_of_an_archived_run_writes_nothing_into_archive(deployed: Deployed) -> None:
+    """The demo assets of an archived run are the training's, beside the checkpoints folder:
+    `archive/` keeps holding runs only, and a prune afterwards loses none."""
+    run = deployed.checkpoints / "archive" / "20260101T000000.000Z"
+    step = min(deployed.checkpoints.glob("step-*"))
+    shutil.copytree(step, run / step.name)
+    try:
+        result = dflash(
+            deployed.project, "eval", "--prompts", str(deployed.prompts),
+            "--checkpoint", str(run / step.name), "--max-new-tokens", "8", "--limit", "1",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert [p.name for p in (deployed.checkpoints / "archive").iterdir()] == [run.name]
+        pruned = dflash(deployed.project, "checkpoints", "prune", "--keep", "1")
+        assert pruned.returncode == 0 and (run / step.name).is_dir(), pruned.stderr
+    finally:
+        shutil.rmtree(deployed.checkpoints / "archive")
