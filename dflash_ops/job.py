@@ -12,6 +12,7 @@ Nothing here knows what the command is: the release layer decides that.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -179,6 +180,16 @@ class JobState:
     exit_code: int | None  # once exited: the status, or 128 + signal
     pid: int | None  # the pane's process: the leader of the job's process group
     started_at: float | None  # epoch seconds
+
+
+def socket_for(root: str) -> str:
+    """The default tmux socket of the target whose root folder is `root`: `dflash-<8 hex>`.
+
+    One tmux server per root, so two projects at one place (two folders on this machine, two
+    roots on one host) never see, stop or replace each other's job; the same root — the same
+    releases and `current` — always finds its own job again.
+    """
+    return "dflash-" + hashlib.sha256(root.encode("utf-8", "surrogateescape")).hexdigest()[:8]
 
 
 def tmux_arg(value: str) -> str:

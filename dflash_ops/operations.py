@@ -176,6 +176,8 @@ def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:
         "target": ws.target.name,
         "place": ws.target.describe(),
         "session": current.session,
+        "socket": job.socket,
+        "deployed_here": ws.deployed_here,
         "exists": current.exists,
         "running": current.running,
         "exit_code": current.exit_code,
