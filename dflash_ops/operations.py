@@ -5,7 +5,7 @@ deploy:  build the bundle; then, at the place in ONE command (`deploy_script`): 
          → stop the running job → archive the checkpoints (unless resuming) → start the job →
          release the lock; remember the target in `.dflash/state.json`.
 restart: stop → archive (with `--clean`) → start the job of the current release (one command).
-rollback: switch `current` to an earlier complete release → stop → start (resuming).
+rollback: switch `current` to an earlier complete release → stop → start (resuming; one command).
 stop:    SIGINT, SIGTERM, SIGKILL to the job's process group, then end the session (one command).
 
 deploy, restart, rollback and stop hold the target's deploy lock (`lock.py`) while they act, so
@@ -140,17 +140,14 @@ def rollback(
     ws: Workspace, *, to: str | None = None, force: bool = False, say: Say = _quiet
 ) -> RestartReport:
     """Point `current` at an earlier complete release and restart the job on it (resuming:
-    the checkpoints stay where they are). The lock is taken first, the target is chosen under
-    it, and switch → stop → start (which release the lock) are one command."""
+    the checkpoints stay where they are). The target is chosen from `current` as read now;
+    the one command takes the lock, checks that `current` has not moved since, and does
+    switch → stop → start."""
     remote = remote_plan(ws, warn=say)
-    owner = remote.lock.acquire("rollback", force=force)
-    try:
-        target = remote.releases.rollback_target(to)
-    except BaseException:
-        remote.lock.release(owner)
-        raise
+    current = remote.releases.current()
+    target = remote.releases.rollback_target(to)
     steps = deploy_script.Steps(doing="rollback", switch_to=target)
-    done = deploy_script.run(remote, steps, owner=owner)
+    done = deploy_script.run(remote, steps, force=force, expect=current or "")
     assert done.started is not None
     return RestartReport(release=target, stopped=done.stopped, archived=None, started=done.started)
 
