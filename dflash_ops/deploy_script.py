@@ -71,8 +71,11 @@ dflash_watch() {  # $1 our process group: ended once stdin (the caller's line) c
   # Started once the bundle is read: what is left on stdin is nothing, held open by the
   # caller until we exit. EOF before that means the caller or its connection is gone, and
   # nothing may be done in its name any more: TERM to our group (the EXIT trap releases the
-  # lock), KILL to what is left of it a moment later.
-  { cat >/dev/null; trap '' TERM; kill -s TERM -- "-$1"; sleep 3; kill -s KILL -- "-$1"
+  # lock), then, once the steps' shell is gone (3 s at most), KILL to what is left of it.
+  { local n=0
+    cat >/dev/null; trap '' TERM; kill -s TERM -- "-$1"
+    while kill -0 "$1" 2>/dev/null && [ "$n" -lt 30 ]; do sleep 0.1; n=$((n + 1)); done
+    kill -s KILL -- "-$1"
   } 0<&0 >/dev/null 2>&1 &
 }
 dflash_main() {

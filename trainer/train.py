@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             Trainer(config, args.out, force_resume=args.force_resume).run()
     except TrainerError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted; resume by starting again with the same --out", file=sys.stderr)
         return 130
