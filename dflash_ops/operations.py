@@ -180,6 +180,7 @@ def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:
         "exit_code": current.exit_code,
         "started_at": started,
         "release": ws.releases().current(),
+        "job_release": job_release(ws, current),
         "log": ws.log_path,
         "log_bytes": max(size, 0),
         "last_lines": body.decode("utf-8", "replace").splitlines(),
@@ -187,6 +188,23 @@ def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:
         "split": gpus.split_summary(metrics),
         **gpu_status(ws, metrics),
     }
+
+
+# The DFLASH_RELEASE that `launch.sh` exported into the job's process ($1, the pane's).
+_JOB_RELEASE = 'tr "\\0" "\\n" < "/proc/$1/environ" | sed -n "s/^DFLASH_RELEASE=//p"'
+
+
+def job_release(ws: Workspace, current: JobState) -> str | None:
+    """The release the running job was started from (None when not running or not known):
+    it differs from `current` after a switch whose restart did not happen (a dropped deploy,
+    a manual change)."""
+    if not current.running or current.pid is None:
+        return None
+    found = ws.place.run(
+        ["bash", "-c", _JOB_RELEASE, "dflash-release", str(current.pid)], check=False
+    )
+    release = found.stdout_text.strip().splitlines()
+    return release[0] if found.exit_code == 0 and release else None
 
 
 def gpu_status(ws: Workspace, metrics: dict[str, Any] | None) -> dict[str, Any]:

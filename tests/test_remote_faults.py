@@ -193,3 +193,28 @@ def test_a_reused_pid_does_not_hold_the_lock(ssh_target: Where) -> None:
         other.kill()
         other.wait()
     assert where.run("stop", *where.flags).returncode == 0  # the holder is gone now
+
+
+def test_status_names_the_release_the_job_still_runs(ssh_target: Where) -> None:
+    """After a switch without the restart (a deploy dropped between its switch and stop
+    steps), `status` says which release is current and which one the job runs."""
+    where = ssh_target
+    assert where.run("deploy", *where.flags).returncode == 0
+    (running,) = where.releases()
+    newer = "20991231-000000-000-ffff"
+    (where.root / "releases" / newer).mkdir()
+    (where.root / "releases" / newer / ".complete").touch()
+    point_current(where, newer)
+    report = where.status(*where.flags)
+    assert (report["release"], report["job_release"]) == (newer, running)
+    human = where.run("status", *where.flags)
+    assert f"release {newer} is current, the job still runs release {running}" in human.stderr
+    assert "dflash restart" in human.stderr
+    point_current(where, running)
+    assert "still runs" not in where.run("status", *where.flags).stderr
+    assert where.run("stop", *where.flags).returncode == 0
+
+
+def point_current(where: Where, release: str) -> None:
+    (where.root / "current.new").symlink_to(f"releases/{release}")
+    (where.root / "current.new").replace(where.root / "current")
