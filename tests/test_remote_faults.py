@@ -218,3 +218,24 @@ def test_status_names_the_release_the_job_still_runs(ssh_target: Where) -> None:
 def point_current(where: Where, release: str) -> None:
     (where.root / "current.new").symlink_to(f"releases/{release}")
     (where.root / "current.new").replace(where.root / "current")
+
+
+@pytest.mark.parametrize("kind", ["local", "ssh"])
+def test_held_open_stdin_ends_only_with_the_command(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """`HeldOpen(data)`: the command reads the data, then no end of input while it runs (a
+    `read` times out instead of meeting EOF); plain bytes end with EOF as before."""
+    from dflash_ops.transport import HeldOpen, LocalTransport, SSHTransport
+
+    if kind == "ssh":
+        request.getfixturevalue("ssh_home")
+    transport = LocalTransport() if kind == "local" else SSHTransport("testbox")
+    script = 'head -c 3; read -r -t 0.5 x; echo " rc=$?"'
+    try:
+        held = transport.run(["bash", "-c", script], stdin=HeldOpen(b"abc"), timeout=30)
+        plain = transport.run(["bash", "-c", script], stdin=b"abc", timeout=30)
+    finally:
+        transport.close()
+    assert held.stdout == b"abc rc=142\n"  # 128 + SIGALRM: timed out, the input still open
+    assert plain.stdout == b"abc rc=1\n"  # EOF
