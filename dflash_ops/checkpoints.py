@@ -5,18 +5,22 @@ entry of the folder — checkpoints, metrics, the previous run's log — into
 `<checkpoints>/archive/<UTC time>/` by rename (same filesystem: instant, whatever the size), so
 the trainer starts from an empty folder and the old run can still be recovered.
 
-`prune(keep=N)` is the one deletion, of archived runs only (never the live entries). Each
-deletion is one command at the place that first proves, there, that the path it removes lies
-strictly inside `<checkpoints>/archive/`: both are resolved with `realpath -e` (symlinks
-followed) and compared as prefixes with a trailing slash, so `/`, an empty path, `..` and a
-symlink pointing out of the folder are refused before `rm` runs. `rm -rf` never follows
-symlinks below the folder it removes.
+`prune(keep=N)` is the one deletion, of archived *runs* only (never the live entries). A run is
+a real folder directly in `archive/` named by `archive_dest` (`YYYYMMDDTHHMMSS.mmmZ`); anything
+else there — a symlink, a file, a folder with another name — is not a run: it is never counted
+among the N kept, never followed and never deleted, only reported. Each deletion is one command
+at the place that proves, there, that the entry is such a run: not a link, a folder, named as a
+run, its parent resolving (`realpath -e`) to `<checkpoints>/archive` strictly inside the
+checkpoints folder (so `/`, an empty path and `..` are refused before `rm` runs). `rm -rf` is
+given the entry itself, never a resolved path: a link swapped in at the last moment is removed
+as a link, and `rm -rf` never follows symlinks below the folder it removes.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dflash_ops import shell
@@ -26,19 +30,25 @@ if TYPE_CHECKING:
     from dflash_ops.place import Place
 
 ARCHIVE = "archive"
+# The name `archive_dest` gives a run: a UTC time to the millisecond. Nothing else is a run.
+RUN_PATTERN = r"^[0-9]{8}T[0-9]{6}\.[0-9]{3}Z$"
+_RUN = re.compile(RUN_PATTERN)
 
-# $1 checkpoints folder, $2 the archived entry to delete. Exit 3 (with a message) to refuse.
+# $1 checkpoints folder, $2 the archived run to delete. Exit 3 (with a message) to refuse.
 _REMOVE_ARCHIVED = (
     "set -e\n"
-    'refuse() { echo "refusing to delete $2: $1" >&2; exit 3; }\n'
+    "entry=$2 name=${2##*/}\n"
+    'refuse() { echo "refusing to delete $entry: $1" >&2; exit 3; }\n'
     'base=$(realpath -e -- "$1") || refuse "the checkpoints folder does not resolve"\n'
     'case "$base" in ""|/) refuse "the checkpoints folder resolves to ${base:-nothing}";; esac\n'
     f'arch=$(realpath -e -- "$base/{ARCHIVE}") || refuse "there is no archive folder"\n'
     'case "$arch/" in "$base"/?*/) ;; *) refuse "the archive folder resolves to $arch";; esac\n'
-    'target=$(realpath -e -- "$2") || refuse "it does not resolve (a dangling link?)"\n'
-    'case "$target/" in "$arch"/?*/) ;; *) refuse "it resolves to $target, outside $arch/";; esac\n'
-    'case "${target#"$arch"/}" in */*) refuse "it is not directly inside $arch/";; esac\n'
-    'rm -rf -- "$target"\n'
+    '[ ! -L "$entry" ] || refuse "it is a symbolic link (to $(readlink -- "$entry")): not a run"\n'
+    f'[[ $name =~ {RUN_PATTERN} ]] || refuse "it is not a run (archive/<UTC time>)"\n'
+    'parent=$(realpath -e -- "${entry%/*}/") || refuse "its folder does not resolve"\n'
+    '[ "$parent" = "$arch" ] || refuse "it is not directly inside $arch/"\n'
+    '{ [ -d "$arch/$name" ] && [ ! -L "$arch/$name" ]; } || refuse "it is not a run folder"\n'
+    'rm -rf -- "$arch/$name"\n'
 )
 
 # Archiving as a bash function (values as positional arguments): `Checkpoints.archive` runs it as
@@ -89,6 +99,7 @@ class PruneReport:
     deleted: list[str]  # archive stamps removed
     kept: list[str]  # archive stamps left (the newest `keep`)
     refused: list[str]  # one message per entry that failed its path proof (left in place)
+    skipped: list[str] = field(default_factory=list)  # one message per entry that is not a run
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,15 +155,18 @@ class Checkpoints:
         archived = {
             stamp.name: self.entries(f"{self.archive_dir}/{stamp.name}", sizes=True)
             for stamp in self.entries(self.archive_dir)
-            if stamp.kind == "d"
+            if is_run(stamp)
         }
         return Listing(live=live, archived=archived)
 
     def prune(self, *, keep: int) -> PruneReport:
-        """Delete all but the newest `keep` archived runs; live entries are never touched."""
+        """Delete all but the newest `keep` archived runs; live entries and whatever in
+        `archive/` is not a run (`is_run`) are never touched, and never count as kept."""
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
             raise CheckpointPathError(f"--keep must be 0 or more, not {keep!r}.", hint="")
-        stamps = sorted(e.name for e in self.entries(self.archive_dir))
+        entries = self.entries(self.archive_dir)
+        stamps = sorted(e.name for e in entries if is_run(e))
+        skipped = [_not_a_run(self.archive_dir, e) for e in entries if not is_run(e)]
         doomed = stamps[: len(stamps) - keep] if keep else stamps
         deleted, refused = [], []
         for stamp in doomed:
@@ -169,10 +183,22 @@ class Checkpoints:
                     self.place.description, result.argv, result.exit_code, result.stderr_text
                 )
         kept = [s for s in stamps if s not in doomed]
-        return PruneReport(deleted=deleted, kept=kept, refused=refused)
+        return PruneReport(deleted=deleted, kept=kept, refused=refused, skipped=skipped)
 
     def _inside(self, name: str, *, folder: str | None = None) -> str:
         """The path of entry `name`, proven to be directly inside the folder."""
         if not name or "/" in name or name in (".", "..") or "\0" in name:
             raise CheckpointPathError(f"Refusing {name!r}: not an entry of {folder or self.path}.")
         return f"{folder or self.path}/{name}"
+
+
+def is_run(entry: Entry) -> bool:
+    """An archived run: a real folder (not a link) named as `archive_dest` names it."""
+    return entry.kind == "d" and _RUN.fullmatch(entry.name) is not None
+
+
+def _not_a_run(folder: str, entry: Entry) -> str:
+    what = {"l": "a symbolic link", "d": "a folder not named as a run"}.get(
+        entry.kind, "not a folder"
+    )
+    return f"left alone {folder}/{entry.name}: {what}, not an archived run"

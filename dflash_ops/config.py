@@ -141,7 +141,7 @@ class JobConfig:
     nodes: int = 1
     rendezvous: str | None = None  # "host:port" of torchrun's c10d store, when nodes > 1
     command: str | None = None
-    socket: str = "dflash"
+    socket: str | None = None  # None: keyed to the target's root (`job.socket_for`)
     stop_timeout: float = 30.0
     lock_wait: float = 10.0  # seconds a command waits for the place's deploy lock
     lock_max_age: float = 6 * 3600.0  # a lock older than this is stale wherever its holder is

@@ -16,20 +16,29 @@ says which of them a command does):
 1. `tmux`, `python` (deploy) — `tmux -V` and the job's python answering
    `checks.VERSION_PROBE` with the job's env, judged by `checks.judge_tmux`/`judge_python`:
    doctor's own words. A failure exits before anything is touched.
-2. `lock` — `dflash_lock_take` (or, in `held` mode, a check that the lock holds our record). A
-   held lock ends the command with exit 3 and `held<TAB>RECORD` as its last line; the caller
-   then waits, takes over a stale lock or forces it with `DeployLock.acquire` (whose judgement
-   needs this machine: the holder's pid and clock) and runs the command once more in `held`
-   mode. From here an EXIT trap releases the lock (only if it is still ours).
-3. `unpack`, `check`, `switch`, `prune` (deploy; rollback: `switch` only) —
-   `releases/<id>.tmp` → the trainer's own check of its `train.toml` (`train_check`; a failure
-   removes the `.tmp` and exits 1 with the check's lines as `check<TAB>LINE`: nothing else has
-   changed) → marker → rename → `current` → keep the last KEEP. Restart instead reads `current`.
+2. `lock` — `dflash_lock_take` with a record naming this script at the place (pid, boot id,
+   start time: `lock.py`), after taking over the record the caller judged stale, if the lock
+   still holds it. A held lock ends the command with exit 3, `holder<TAB>alive|gone|unknown`
+   (the place's word on the holding script) and `held<TAB>RECORD` as its last line; the caller
+   judges it (`DeployLock.judge`: wait, take over a stale one, or `--force`) and runs the
+   command once more. From here an EXIT trap releases the lock (only if it is still ours).
+3. `unpack`, `check`, `switch`, `prune` (deploy; rollback: `switch` only, and only while
+   `current` is still the release the rollback target was chosen from) — `releases/<id>.tmp` →
+   the trainer's own check of its `train.toml` (`train_check`; a failure removes the `.tmp` and
+   exits 1 with the check's lines as `check<TAB>LINE`: nothing else has changed) → marker →
+   rename → `current` → keep the last KEEP. Restart instead reads `current`.
 4. `stop` — the running job: SIGINT, SIGTERM, SIGKILL, end the session.
 5. `archive` — the checkpoints into `archive/<time>` (deploy without `--resume`, restart
    `--clean`).
 6. `start` — the job's tmux session running `current/launch.sh` with `[job] env`.
 7. `done`.
+
+The steps run in their own process group, and the script never outlives the command that
+started it: stdin carries the bundle (exactly its size) and then stays open until the script
+exits (`transport.HeldOpen`); once the bundle is read a watcher waits for its end, which comes
+early only when the caller was killed or its connection dropped, and then ends the group (the
+lock is released on the way out). Every step that ends a tmux session ends the one it read
+(`job.dflash_job_end`), never a later one of the same name.
 
 What a step found is printed as `KEY<TAB>VALUE` lines (`removed`, `current`, `stopped`,
 `archived`, `started`); a failed step prints `failed<TAB>STATUS` and exits 1, and the caller
@@ -41,6 +50,7 @@ look at the place again, so a container stopped under it is reported as such.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -50,7 +60,7 @@ from dflash_ops.errors import DflashError, RemoteCommandFailed
 from dflash_ops.job import Job, JobState
 from dflash_ops.lock import HELD, DeployLock, Owner
 from dflash_ops.release import Bundle, Releases
-from dflash_ops.transport import Result
+from dflash_ops.transport import HeldOpen, Result
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +69,29 @@ _PREFLIGHT = 10  # exit status when tmux or python failed
 _MAIN = r"""
 say() { printf '%s\t%s\n' "$1" "$2"; }
 fail() { say failed "$1"; exit 1; }
-root=$1 id=$2 unpack=$3 keep=$4 lock=$5 owner=$6 mode=$7 ckpt=$8 dest=$9 check=${10} run=${11}
-shift 11
+dflash_watch() {  # $1 our process group: ended once stdin (the caller's line) closes
+  # Started once the bundle is read: what is left on stdin is nothing, held open by the
+  # caller until we exit. EOF before that means the caller or its connection is gone, and
+  # nothing may be done in its name any more: TERM to our group (the EXIT trap releases the
+  # lock), then, once the steps' shell is gone (3 s at most), KILL to what is left of it.
+  { local n=0
+    cat >/dev/null; trap '' TERM; kill -s TERM -- "-$1"
+    while kill -0 "$1" 2>/dev/null && [ "$n" -lt 30 ]; do sleep 0.1; n=$((n + 1)); done
+    kill -s KILL -- "-$1"
+  } 0<&0 >/dev/null 2>&1 &
+}
+dflash_main() {
+root=$1 id=$2 unpack=$3 keep=$4 lock=$5 owner=$6 stale=$7 ckpt=$8 dest=$9 check=${10} run=${11}
+size=${12} watch=${13} expect=${14}
+shift 14
 probe=("${@:2:$1}"); shift $(($1 + 1))
 checker=("${@:2:$1}"); shift $(($1 + 1))
 stop=("${@:1:5}"); shift 5
 # "$@" is now dflash_job_start's arguments.
+me=$BASHPID
+trap 'exit 143' TERM HUP INT
+trap 'trap "" TERM; kill -s TERM -- "-$me"' EXIT  # nothing we started outlives us
+if [ "$watch" = 1 ] && [ "$unpack" != 1 ]; then dflash_watch "$me"; fi
 
 if [ "$check" = 1 ]; then
   say step tmux
@@ -72,28 +99,31 @@ if [ "$check" = 1 ]; then
   say tmux "$rc ${out%%$'\n'*}"
   [ "$rc" = 0 ] || exit @PREFLIGHT@
   say step python
-  out=$("${probe[@]}"); rc=$?
+  out=$("${probe[@]}" </dev/null); rc=$?
   say python "$rc ${out##*$'\n'}"
   [ "$rc" = 0 ] || exit @PREFLIGHT@
 fi
 
 say step lock
-if [ "$mode" = held ]; then
-  dflash_lock_is_mine "$lock" "$owner" || { echo "the deploy lock $lock is not ours" >&2; fail 1; }
-else
-  held=$(dflash_lock_take "$root" "$lock" "$owner"); rc=$?
-  if [ "$rc" = @HELD@ ]; then say held "$held"; exit @HELD@; fi
-  [ "$rc" = 0 ] || fail "$rc"
+record=$(dflash_lock_record "$owner" "$me") || fail 1
+if [ -n "$stale" ]; then dflash_lock_take_over "$lock" "$stale" "$me"; fi
+held=$(dflash_lock_take "$root" "$lock" "$record"); rc=$?
+if [ "$rc" = @HELD@ ]; then
+  say holder "$(dflash_lock_holder "$held")"
+  say held "$held"
+  exit @HELD@
 fi
-trap 'dflash_lock_release "$lock" "$owner"' EXIT
+[ "$rc" = 0 ] || fail "$rc"
+trap 'dflash_lock_release "$lock" "$record"; trap "" TERM; kill -s TERM -- "-$me"' EXIT
 
 if [ -n "$id" ]; then
   if [ "$unpack" = 1 ]; then
     say step unpack
-    dflash_unpack "$root" "$id" || fail $?
+    head -c "$size" | dflash_unpack "$root" "$id" || fail $?
+    if [ "$watch" = 1 ]; then dflash_watch "$me"; fi
     if [ "${#checker[@]}" -gt 0 ] && [ -f "$root/releases/$id.tmp/trainer/check.py" ]; then
       say step check
-      out=$(cd -- "$root/releases/$id.tmp" && "${checker[@]}" 2>&1); rc=$?
+      out=$(cd -- "$root/releases/$id.tmp" && "${checker[@]}" </dev/null 2>&1); rc=$?
       if [ "$rc" != 0 ]; then
         rm -rf -- "$root/releases/$id.tmp"
         while IFS= read -r l; do say check "$l"; done <<< "$out"
@@ -102,6 +132,10 @@ if [ -n "$id" ]; then
     fi
   fi
   say step switch
+  if [ -n "$expect" ] && [ "$(readlink -- "$root/current")" != "releases/$expect" ]; then
+    echo "current is no longer $expect (another command switched it); run again" >&2
+    fail 1
+  fi
   names=$(dflash_switch "$root" "$id") || fail $?
   if [ "$unpack" = 1 ]; then
     say step prune
@@ -131,6 +165,12 @@ if [ "$run" = 1 ]; then
   say started "$line"
 fi
 say step done
+}
+# The steps run as a job of their own (job control: their own process group), which
+# `dflash_watch` can end whole; this shell only waits for it and passes its status on.
+set -m
+dflash_main "$@" &
+wait "$!"
 """
 
 SCRIPT = (
@@ -218,16 +258,23 @@ class DeployPlan:
     keep: int = release.KEEP
 
 
-def argv(plan: DeployPlan, steps: Steps, owner: Owner, *, mode: str, archive: str) -> list[str]:
+def argv(
+    plan: DeployPlan, steps: Steps, owner: Owner, *, stale: str, archive: str, expect: str = ""
+) -> list[str]:
+    """The one command: `bash -c SCRIPT dflash-<doing> ARGS…`. `stale`: a lock record judged
+    stale (or forced), taken over at the place if the lock still holds it; `expect`: the
+    release `current` must still point at (rollback chose its target from it)."""
     probe = python_probe_argv(plan.setup)
     checks = steps.preflight and steps.bundle is not None and train_check.applies(plan.setup)
     checker = train_check.check_argv(plan.setup) if checks else []
+    size = str(len(steps.bundle.data)) if steps.bundle is not None else ""
     return [
         "bash", "-c", SCRIPT, "dflash-" + steps.doing,
         plan.releases.root, release.checked_id(steps.release) if steps.release else "",
         _flag(steps.bundle is not None), str(plan.keep),
-        plan.lock.path, owner.text(), mode, plan.checkpoints.path, archive,
-        _flag(steps.preflight), _flag(steps.start),
+        plan.lock.path, owner.text(), stale, plan.checkpoints.path, archive,
+        _flag(steps.preflight), _flag(steps.start), size, "1",
+        release.checked_id(expect) if expect else "",
         str(len(probe)), *probe,
         str(len(checker)), *checker,
         *plan.job.stop_args(save=steps.save),
@@ -239,28 +286,23 @@ def _flag(value: bool) -> str:
     return "1" if value else "0"
 
 
-def run(
-    plan: DeployPlan,
-    steps: Steps,
-    *,
-    force: bool = False,
-    owner: Owner | None = None,
-) -> Done:
-    """Run `steps` at the place: one command when the lock is free, else one to find the
-    holder, `DeployLock.acquire`'s own commands, and one more. `owner`: the lock is already
-    held by this record (taken by the caller); the script checks it and releases it."""
+def run(plan: DeployPlan, steps: Steps, *, force: bool = False, expect: str = "") -> Done:
+    """Run `steps` at the place: one command when the lock is free. A held lock is judged
+    here (`DeployLock.judge`, with the place's word on whether the holding script lives): the
+    command runs again after a short wait, or taking over the stale record, until the lock's
+    wait is over (`LockHeld`). The script holds the lock itself and releases it on exit."""
     archive = plan.checkpoints.archive_dest() if steps.archive else ""
-    if owner is not None:
-        outcome = _run(plan, steps, owner, mode="held", archive=archive)
-    else:
-        outcome = _run(plan, steps, Owner.me(steps.doing), mode="take", archive=archive)
-        if outcome.exit_code == HELD and outcome.held is not None:
-            owner = plan.lock.acquire(steps.doing, force=force, held_by=outcome.held)
-            try:
-                outcome = _run(plan, steps, owner, mode="held", archive=archive)
-            except BaseException:
-                plan.lock.release(owner)
-                raise
+    owner = Owner.me(steps.doing)
+    deadline = time.monotonic() + plan.lock.wait
+    stale = ""
+    while True:
+        outcome = _run(plan, steps, owner, stale=stale, archive=archive, expect=expect)
+        if outcome.exit_code != HELD or outcome.held is None:
+            break
+        judged = plan.lock.judge(
+            outcome.held, force=force, deadline=deadline, holder=outcome.fact("holder")
+        )
+        stale = judged or ""
     if outcome.exit_code != 0 or outcome.step != "done":
         raise _error(plan, steps, outcome)
     stopped, started = outcome.fact("stopped"), outcome.fact("started")
@@ -273,10 +315,14 @@ def run(
     )
 
 
-def _run(plan: DeployPlan, steps: Steps, owner: Owner, *, mode: str, archive: str) -> Outcome:
+def _run(
+    plan: DeployPlan, steps: Steps, owner: Owner, *, stale: str, archive: str, expect: str
+) -> Outcome:
+    # stdin: the bundle (if any), then held open until the script exits: its end tells the
+    # script that this command is gone (`dflash_watch`).
     result = plan.releases.place.run(
-        argv(plan, steps, owner, mode=mode, archive=archive),
-        stdin=steps.bundle.data if steps.bundle is not None else None,
+        argv(plan, steps, owner, stale=stale, archive=archive, expect=expect),
+        stdin=HeldOpen(steps.bundle.data if steps.bundle is not None else b""),
         check=False,
         timeout=plan.job.stop_seconds() + 600.0,
     )

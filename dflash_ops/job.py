@@ -12,6 +12,7 @@ Nothing here knows what the command is: the release layer decides that.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -90,13 +91,27 @@ dflash_signal_and_wait() {  # $1 signal, $2 process group, $3 ticks of 0.1 s. 1:
     sleep 0.02; n=$((n + 1))
   done
 }
+dflash_job_key() {  # $1 a state line: the session's identity, `PANE_PID.CREATED`
+  local dead status signal pid created rest
+  IFS='|' read -r dead status signal pid created rest <<< "$1"
+  printf '%s.%s\n' "$pid" "$created"
+}
+dflash_job_end() {  # $1 socket, $2 session, $3 its key: ends the session only if it is still it
+  # tmux checks the key and kills in one step of its server: a session started under the same
+  # name since the key was read (by a later command) is never touched. Session ids alone are
+  # not enough: a new server numbers its sessions from $0 again.
+  tmux -L "$1" if-shell -F -t "=$2:" "#{==:#{pane_pid}.#{session_created},$3}" \
+    "kill-session -t =$2" >/dev/null 2>&1
+}
 dflash_job_stop() {  # $1 socket, $2 session, $3 $4 $5 ticks after SIGINT, SIGTERM, SIGKILL
-  # Prints the job's last state line (nothing when there was no session), ends the session.
-  local line dead status signal pid rest sig ticks n=0
+  # Prints the job's last state line (nothing when there was no session), ends the session —
+  # the one read here, never another that took its name meanwhile (`dflash_job_end`).
+  local line dead status signal pid rest sig ticks key n=0
   dflash_have_tmux || return 127
   line=$(dflash_job_state "$1" "$2")
   [ -n "$line" ] || return 0
   IFS='|' read -r dead status signal pid rest <<< "$line"
+  key=$(dflash_job_key "$line")
   if ! dflash_job_ended "$line" && [ -n "$pid" ]; then
     for sig in INT TERM KILL; do
       case $sig in INT) ticks=$3 ;; TERM) ticks=$4 ;; *) ticks=$5 ;; esac
@@ -104,10 +119,11 @@ dflash_job_stop() {  # $1 socket, $2 session, $3 $4 $5 ticks after SIGINT, SIGTE
     done
     line=$(dflash_job_state "$1" "$2")  # tmux reaps the pane asynchronously
     while ! dflash_job_ended "$line" && [ "$n" -lt 20 ]; do
+      [ "$(dflash_job_key "$line")" = "$key" ] || break  # another session by now
       sleep 0.05; n=$((n + 1)); line=$(dflash_job_state "$1" "$2")
     done
   fi
-  tmux -L "$1" kill-session -t "=$2" >/dev/null 2>&1
+  dflash_job_end "$1" "$2" "$key"
   printf '%s\n' "$line"
 }
 dflash_job_start() {  # $1 socket, $2 session, $3 the log's folder, then tmux's start arguments
@@ -118,7 +134,7 @@ dflash_job_start() {  # $1 socket, $2 session, $3 the log's folder, then tmux's 
   line=$(dflash_job_state "$sock" "$sess")
   if [ -n "$line" ]; then
     dflash_job_ended "$line" || { echo "the job session $sess is running" >&2; return 5; }
-    tmux -L "$sock" kill-session -t "=$sess" >/dev/null 2>&1
+    dflash_job_end "$sock" "$sess" "$(dflash_job_key "$line")"
   fi
   mkdir -p -- "$3" || return 125
   shift 3
@@ -179,6 +195,16 @@ class JobState:
     exit_code: int | None  # once exited: the status, or 128 + signal
     pid: int | None  # the pane's process: the leader of the job's process group
     started_at: float | None  # epoch seconds
+
+
+def socket_for(root: str) -> str:
+    """The default tmux socket of the target whose root folder is `root`: `dflash-<8 hex>`.
+
+    One tmux server per root, so two projects at one place (two folders on this machine, two
+    roots on one host) never see, stop or replace each other's job; the same root — the same
+    releases and `current` — always finds its own job again.
+    """
+    return "dflash-" + hashlib.sha256(root.encode("utf-8", "surrogateescape")).hexdigest()[:8]
 
 
 def tmux_arg(value: str) -> str:

@@ -6,16 +6,21 @@ call: it either creates the link with its content or fails because it exists, so
 and saying who holds it are one atomic step — through ssh and `pct exec` alike, with no window
 in which a lock exists without an owner. `readlink` reads the owner back.
 
-Staleness. The holder's pid is the *operator's* CLI process, on the operator's machine, not a
-process at the place. So a lock is judged stale only where that pid can be checked:
+Who holds it. A command that changes the place runs as ONE remote script (`deploy_script`),
+which takes the lock itself and writes into the record its own identity at the place: its pid,
+the kernel's boot id and the process's start time (`/proc/PID/stat`, field 22), beside the
+operator's user, host and CLI pid (for messages). That script ends when its connection does, so
+the lock is stale exactly when that process is gone — checked at the place, where pids live: a
+pid reused by another process has another start time and does not count as the holder. Such a
+lock is taken over with a warning, inside the next script, only if it still holds the record
+judged stale.
 
-- its host is this machine (`socket.gethostname()`) and no process with its pid exists; or
-- it is older than `[job] lock_max_age` seconds (default 6 h; by this machine's clock), wherever
-  its holder is — a deploy never takes that long, so its holder crashed or lost the connection.
+Records without a place identity (taken by `DeployLock.acquire`, a separate command) are judged
+as before: stale when their host is this machine and the CLI pid is gone, or when older than
+`[job] lock_max_age` (default 6 h, by this machine's clock).
 
-A stale lock is taken over with a warning; `--force` takes over any lock (with a warning naming
-the holder). A lock held by a live process elsewhere makes the command wait `[job] lock_wait`
-seconds, then fail with `LockHeld` naming the holder.
+`--force` takes over any lock (with a warning naming the holder). A live holder makes the
+command wait `[job] lock_wait` seconds, then fail with `LockHeld` naming the holder.
 
 Taking over renames the link aside (an atomic rename: of two commands taking over at once,
 only one moves it) and checks that what it moved is the record it judged; if a fresh lock was
@@ -76,6 +81,25 @@ dflash_lock_release() {  # $1 lock path, $2 our record: removes the lock only if
 dflash_lock_is_mine() {  # $1 lock path, $2 our record: 0 when the lock holds our record
   [ "$(readlink -- "$1" 2>/dev/null)" = "$2" ]
 }
+dflash_proc_start() {  # $1 a pid: "BOOT_ID START_TICKS" of that process; fails when none (or a zombie)
+  local s boot
+  { read -r s < "/proc/$1/stat"; } 2>/dev/null || return 1
+  { read -r boot < /proc/sys/kernel/random/boot_id; } 2>/dev/null || boot=-
+  s=${s##*) }; set -- $s
+  [ "$1" != Z ] || return 1
+  printf '%s %s\n' "$boot" "${20}"
+}
+dflash_lock_record() {  # $1 the operator's record (JSON), $2 our pid: the record naming us
+  local start
+  start=$(dflash_proc_start "$2") || return 1
+  printf '%s,"place_pid":%s,"place_start":"%s"}\n' "${1%\}}" "$2" "$start"
+}
+dflash_lock_holder() {  # $1 a lock record: alive, gone, or unknown (no place identity in it)
+  local re='"place_pid":([0-9]+),"place_start":"([^"]*)"' pid want
+  [[ $1 =~ $re ]] || { echo unknown; return 0; }
+  pid=${BASH_REMATCH[1]} want=${BASH_REMATCH[2]}
+  if [ "$(dflash_proc_start "$pid")" = "$want" ]; then echo alive; else echo gone; fi
+}
 """
 _TAKE = FUNCTIONS + 'dflash_lock_take "$@"\n'
 _TAKE_OVER = FUNCTIONS + 'dflash_lock_take_over "$@"\n'
@@ -92,6 +116,10 @@ class Owner:
     since: float  # seconds since the epoch, the holder's clock
     doing: str  # "deploy", "restart", …
     token: str  # makes every record unique
+    # The holding script at the place (written there, by `dflash_lock_record`): its pid and
+    # "BOOT_ID START_TICKS". None in a record taken by a separate command.
+    place_pid: int | None = None
+    place_start: str | None = None
 
     @classmethod
     def me(cls, doing: str) -> Owner:
@@ -106,7 +134,8 @@ class Owner:
         )
 
     def text(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+        fields = {k: v for k, v in asdict(self).items() if v is not None}
+        return json.dumps(fields, separators=(",", ":"), sort_keys=True)
 
     @classmethod
     def parse(cls, text: str) -> Owner | None:
@@ -119,6 +148,8 @@ class Owner:
                 since=float(data["since"]),
                 doing=str(data["doing"]),
                 token=str(data["token"]),
+                place_pid=_optional(data.get("place_pid"), int),
+                place_start=_optional(data.get("place_start"), str),
             )
         except (ValueError, KeyError, TypeError):
             return None
@@ -126,16 +157,31 @@ class Owner:
     def describe(self, *, now: float | None = None) -> str:
         age = max(0.0, (now or time.time()) - self.since)
         since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
-        return f"{self.doing} by {self.by} (pid {self.pid}) since {since}, {age:.0f} s ago"
+        there = "" if self.place_pid is None else f", its script pid {self.place_pid} at the place"
+        return f"{self.doing} by {self.by} (pid {self.pid}{there}) since {since}, {age:.0f} s ago"
 
-    def stale_reason(self, *, max_age: float, now: float | None = None) -> str | None:
-        """Why this lock's holder is gone, or None while it may still be working."""
+    def stale_reason(
+        self, *, max_age: float, now: float | None = None, holder: str | None = None
+    ) -> str | None:
+        """Why this lock's holder is gone, or None while it may still be working.
+
+        `holder`: what the place said of the script named in the record (`dflash_lock_holder`:
+        "alive", "gone", "unknown"); it decides alone when the record names that script.
+        """
+        if self.place_pid is not None and holder in ("alive", "gone"):
+            if holder == "alive":
+                return None
+            return f"its script (pid {self.place_pid} at the place) has ended"
         age = (now or time.time()) - self.since
         if age > max_age:
             return f"it is {age:.0f} s old (more than job.lock_max_age = {max_age:.0f} s)"
         if self.host == socket.gethostname() and not _alive(self.pid):
             return f"its process {self.pid} on {self.host} no longer exists"
         return None
+
+
+def _optional(value: Any, kind: Callable[[Any], Any]) -> Any:
+    return None if value is None else kind(value)
 
 
 def _alive(pid: int) -> bool:
@@ -196,24 +242,34 @@ class DeployLock:
             if held is None:
                 log.info("took the deploy lock", extra={"path": self.path, "doing": doing})
                 return owner
-            record = Owner.parse(held)
-            shown = record.describe() if record else f"an unreadable record {held!r}"
-            reason = record.stale_reason(max_age=self.max_age) if record else None
-            if force or reason:
-                why = "--force" if force else f"the lock is stale: {reason}"
-                self.warn(f"Taking over the deploy lock at {self.path} ({why}); it was {shown}.")
-                self._take_over(held)
-                continue
-            if time.monotonic() >= deadline:
-                raise LockHeld(
-                    f"The deploy lock at {self.path} on {self.place.description} is held: "
-                    f"{shown}. Waited {self.wait:g} s.",
-                    hint=(
-                        "Wait for that command to finish and run again. If its holder is gone "
-                        "(crashed on another machine), pass --force."
-                    ),
-                )
-            time.sleep(min(0.3, max(0.0, deadline - time.monotonic())))
+            stale = self.judge(held, force=force, deadline=deadline)
+            if stale is not None:
+                self._take_over(stale)
+
+    def judge(
+        self, held: str, *, force: bool, deadline: float, holder: str | None = None
+    ) -> str | None:
+        """The record to take over (after a warning), or None after a short wait for a live
+        holder; `LockHeld` naming the holder once `deadline` (time.monotonic) has passed.
+        `holder`: what the place said of the script the record names (`Owner.stale_reason`)."""
+        record = Owner.parse(held)
+        shown = record.describe() if record else f"an unreadable record {held!r}"
+        reason = record.stale_reason(max_age=self.max_age, holder=holder) if record else None
+        if force or reason:
+            why = "--force" if force else f"the lock is stale: {reason}"
+            self.warn(f"Taking over the deploy lock at {self.path} ({why}); it was {shown}.")
+            return held
+        if time.monotonic() >= deadline:
+            raise LockHeld(
+                f"The deploy lock at {self.path} on {self.place.description} is held: "
+                f"{shown}. Waited {self.wait:g} s.",
+                hint=(
+                    "Wait for that command to finish and run again. If its holder is gone "
+                    "(crashed on another machine), pass --force."
+                ),
+            )
+        time.sleep(min(0.3, max(0.0, deadline - time.monotonic())))
+        return None
 
     def release(self, owner: Owner) -> None:
         try:

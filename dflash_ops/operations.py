@@ -5,7 +5,7 @@ deploy:  build the bundle; then, at the place in ONE command (`deploy_script`): 
          → stop the running job → archive the checkpoints (unless resuming) → start the job →
          release the lock; remember the target in `.dflash/state.json`.
 restart: stop → archive (with `--clean`) → start the job of the current release (one command).
-rollback: switch `current` to an earlier complete release → stop → start (resuming).
+rollback: switch `current` to an earlier complete release → stop → start (resuming; one command).
 stop:    SIGINT, SIGTERM, SIGKILL to the job's process group, then end the session (one command).
 
 deploy, restart, rollback and stop hold the target's deploy lock (`lock.py`) while they act, so
@@ -151,17 +151,14 @@ def rollback(
     ws: Workspace, *, to: str | None = None, force: bool = False, say: Say = _quiet
 ) -> RestartReport:
     """Point `current` at an earlier complete release and restart the job on it (resuming:
-    the checkpoints stay where they are). The lock is taken first, the target is chosen under
-    it, and switch → stop → start (which release the lock) are one command."""
+    the checkpoints stay where they are). The target is chosen from `current` as read now;
+    the one command takes the lock, checks that `current` has not moved since, and does
+    switch → stop → start."""
     remote = remote_plan(ws, warn=say)
-    owner = remote.lock.acquire("rollback", force=force)
-    try:
-        target = remote.releases.rollback_target(to)
-    except BaseException:
-        remote.lock.release(owner)
-        raise
+    current = remote.releases.current()
+    target = remote.releases.rollback_target(to)
     steps = deploy_script.Steps(doing="rollback", switch_to=target)
-    done = deploy_script.run(remote, steps, owner=owner)
+    done = deploy_script.run(remote, steps, force=force, expect=current or "")
     assert done.started is not None
     return RestartReport(release=target, stopped=done.stopped, archived=None, started=done.started)
 
@@ -190,11 +187,14 @@ def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:
         "target": ws.target.name,
         "place": ws.target.describe(),
         "session": current.session,
+        "socket": job.socket,
+        "deployed_here": ws.deployed_here,
         "exists": current.exists,
         "running": current.running,
         "exit_code": current.exit_code,
         "started_at": started,
         "release": ws.releases().current(),
+        "job_release": job_release(ws, current),
         "log": ws.log_path,
         "log_bytes": max(size, 0),
         "last_lines": body.decode("utf-8", "replace").splitlines(),
@@ -202,6 +202,23 @@ def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:
         "split": gpus.split_summary(metrics),
         **gpu_status(ws, metrics),
     }
+
+
+# The DFLASH_RELEASE that `launch.sh` exported into the job's process ($1, the pane's).
+_JOB_RELEASE = 'tr "\\0" "\\n" < "/proc/$1/environ" | sed -n "s/^DFLASH_RELEASE=//p"'
+
+
+def job_release(ws: Workspace, current: JobState) -> str | None:
+    """The release the running job was started from (None when not running or not known):
+    it differs from `current` after a switch whose restart did not happen (a dropped deploy,
+    a manual change)."""
+    if not current.running or current.pid is None:
+        return None
+    found = ws.place.run(
+        ["bash", "-c", _JOB_RELEASE, "dflash-release", str(current.pid)], check=False
+    )
+    release = found.stdout_text.strip().splitlines()
+    return release[0] if found.exit_code == 0 and release else None
 
 
 def gpu_status(ws: Workspace, metrics: dict[str, Any] | None) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Both transports give the same contract:
 - `run(argv, stdin=…, timeout=…) -> Result`: stdin is bytes or a binary file object, which is
-  copied in chunks while stdout and stderr are read concurrently (a command that writes more than
+  copied in chunks (or `HeldOpen(bytes)`: no end of input until the command exits) while stdout and stderr are read concurrently (a command that writes more than
   a pipe or channel window holds never blocks against us).
 - `stream(argv) -> StreamResult`: an iterator of stdout chunks as they arrive. When it is
   exhausted, `exit_code` and `stderr` are set on it; `close()` abandons the command early.
@@ -38,7 +38,21 @@ if TYPE_CHECKING:  # paramiko (~0.1-0.3 s to import) loads only when an SSH comm
     from dflash_ops.ssh_connect import Connection
 
 CHUNK = 64 * 1024
-Stdin = bytes | bytearray | memoryview | BinaryIO | None
+
+
+@dataclass(frozen=True)
+class HeldOpen:
+    """stdin `data`, then no end of input: the command's stdin stays open until it exits.
+
+    Its stdin reaching EOF before then tells the command that whoever started it is gone (this
+    process killed, the connection dropped): a long remote command watches it to stop acting
+    on an authority it no longer has (`deploy_script`).
+    """
+
+    data: bytes = b""
+
+
+Stdin = bytes | bytearray | memoryview | BinaryIO | HeldOpen | None
 
 
 @dataclass(frozen=True)
@@ -136,6 +150,8 @@ class StreamResult(Iterator[bytes]):
 def _chunks_of(stdin: Stdin) -> Iterator[bytes]:
     if stdin is None:
         return
+    if isinstance(stdin, HeldOpen):
+        stdin = stdin.data
     if isinstance(stdin, bytes | bytearray | memoryview):
         view = memoryview(stdin)
         for start in range(0, len(view), CHUNK):
@@ -222,6 +238,10 @@ class LocalTransport:
         deadline = _deadline(timeout)
         try:
             proc.wait(timeout=_remaining(deadline))
+            if isinstance(stdin, HeldOpen):
+                writer.join(_remaining(deadline))
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
             # Output ends when the last holder of the pipes exits, which may be a background
             # child of the command: that is bounded by the same deadline.
             for thread in (writer, out, err):
@@ -241,7 +261,10 @@ class LocalTransport:
         try:
             for chunk in _chunks_of(stdin):
                 proc.stdin.write(chunk)
-            proc.stdin.close()
+            if isinstance(stdin, HeldOpen):
+                proc.stdin.flush()  # `run` closes it once the command has exited
+            else:
+                proc.stdin.close()
         except (BrokenPipeError, ValueError):
             pass  # the command exited without reading all of its input, as `head` does
 
@@ -413,7 +436,8 @@ class SSHTransport:
         try:
             for chunk in _chunks_of(stdin):
                 channel.sendall(chunk)
-            channel.shutdown_write()
+            if not isinstance(stdin, HeldOpen):  # held: the channel's close ends it
+                channel.shutdown_write()
         except (OSError, EOFError, paramiko.SSHException):
             pass  # the command ended (or the connection died) before reading all input
 

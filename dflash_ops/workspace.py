@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from dflash_ops import state
 from dflash_ops.checkpoints import Checkpoints
 from dflash_ops.config import Config, Target, TargetFlags, find_config, load_config, resolve_target
-from dflash_ops.job import Job
+from dflash_ops.job import Job, socket_for
 from dflash_ops.lock import DeployLock
 from dflash_ops.release import Releases
 
@@ -116,10 +116,16 @@ class Workspace:
             self.place,
             session=job.session,
             log=self.log_path,
-            socket=job.socket,
+            socket=job.socket or socket_for(self.target.root),
             local=self.target.place == "local",
             stop_timeout=job.stop_timeout,
         )
+
+    @property
+    def deployed_here(self) -> bool:
+        """Whether a deploy from this project folder went to this target (`.dflash/state.json`)."""
+        record = state.load(self.config.project_dir)
+        return record is not None and record.target == self.target.describe()
 
     def releases(self) -> Releases:
         return Releases(self.place, self.target.root)

@@ -195,3 +195,22 @@ def test_eval_streams_progress_as_it_goes(deployed: Deployed, tmp_path: Path) ->
         proc.wait(timeout=120)
     assert [x.split(":")[0] for x in rest[:5]] == [f"prompt {i}/6 done" for i in range(2, 7)]
     assert rest[5].startswith("drafter        tau ") and proc.returncode == 0
+
+
+def test_eval_of_an_archived_run_writes_nothing_into_archive(deployed: Deployed) -> None:
+    """The demo assets of an archived run are the training's, beside the checkpoints folder:
+    `archive/` keeps holding runs only, and a prune afterwards loses none."""
+    run = deployed.checkpoints / "archive" / "20260101T000000.000Z"
+    step = min(deployed.checkpoints.glob("step-*"))
+    shutil.copytree(step, run / step.name)
+    try:
+        result = dflash(
+            deployed.project, "eval", "--prompts", str(deployed.prompts),
+            "--checkpoint", str(run / step.name), "--max-new-tokens", "8", "--limit", "1",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert [p.name for p in (deployed.checkpoints / "archive").iterdir()] == [run.name]
+        pruned = dflash(deployed.project, "checkpoints", "prune", "--keep", "1")
+        assert pruned.returncode == 0 and (run / step.name).is_dir(), pruned.stderr
+    finally:
+        shutil.rmtree(deployed.checkpoints / "archive")

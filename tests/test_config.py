@@ -73,7 +73,7 @@ def test_defaults(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, ""))
     assert config.job.session == "dflash" and config.job.log == "train_stdout.log"
     assert config.job.env == DEFAULT_ENV
-    assert config.job.socket == "dflash" and config.job.gpus == 0
+    assert config.job.socket is None and config.job.gpus == 0
     target = resolve_target(config, TargetFlags(), remembered=None)
     assert target.place == "local" and target.name == "default"
     assert target.root == str(tmp_path / ".dflash" / "local")

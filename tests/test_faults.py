@@ -171,7 +171,7 @@ def test_full_disk_at_the_checkpoint_folder(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     code = (report / "second.code").read_text().strip()
     err = (report / "second.err").read_text()
-    assert code != "exit=0" and "Traceback" not in err, err
+    assert code == "exit=1" and "Traceback" not in err, (code, err)  # docs/reliability.md
     assert "No space left on device" in err and "newest complete checkpoint" in err
     after = json.loads((report / "after.json").read_text())
     assert after["ok"] and after["step"] == 1  # the previous checkpoint, intact and verified

@@ -145,6 +145,11 @@ def test_stop_restart_rollback_wait_for_the_lock_and_force_takes_it(local: Where
     holder = {"by": "ann@laptop", "host": "laptop", "pid": 4242, "since": time.time(),
               "doing": "deploy", "token": "feedbeef"}  # fmt: skip
     (local.root / "deploy.lock").symlink_to(json.dumps(holder))
+    ids = ["20260101-000000-000-aaaa", "20260102-000000-000-bbbb"]
+    for release_id in ids:  # rollback chooses its target before its command takes the lock
+        (local.root / "releases" / release_id).mkdir(parents=True)
+        (local.root / "releases" / release_id / ".complete").touch()
+    (local.root / "current").symlink_to(f"releases/{ids[1]}")
     for command in ("stop", "restart", "rollback"):
         held = local.run(command)
         assert held.returncode == 1 and "deploy by ann@laptop (pid 4242)" in held.stderr

@@ -84,6 +84,7 @@ class CheckpointWriteFailed(TrainerError):
     hint = (
         "Free space or fix permissions in the run folder; training resumes from the last good one."
     )
+    exit_code = 1  # the machine's failure, as an OSError elsewhere in a run
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,6 +11,9 @@ class TrainerError(Exception):
     """Base of the trainer's expected failures. `hint` says what to do next."""
 
     hint: str = ""
+    # `python -m trainer.train` exits with it: 2 for what the settings or inputs must fix, 1
+    # for what the machine did (a full disk, like any OSError), then start again to resume.
+    exit_code: int = 2
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)

@@ -57,6 +57,10 @@ from trainer.model import Drafter
 from trainer.prompt_lookup import PromptLookupDrafter
 from trainer.target import Target
 
+# The folder of a checkpoints folder that finished runs are moved into (by `dflash`'s fresh
+# deploys): it holds runs only.
+ARCHIVE = "archive"
+
 log = logging.getLogger(__name__)
 
 
@@ -549,6 +553,16 @@ def load_drafter(config: Any, checkpoint: str | Path, target: Target) -> tuple[D
     return drafter.eval(), manifest.step
 
 
+def trained_in(run_dir: Path) -> Path:
+    """The folder the run was trained in (its `--out`), so the demo assets are the ones the
+    training built, beside it. An archived run (`<out>/archive/<UTC time>/`, where a fresh
+    deploy moves the previous run) was trained in `<out>`: assets resolved from the run folder
+    itself would land in `archive/`, where only runs belong."""
+    if run_dir.parent.name == ARCHIVE:
+        return run_dir.parent.parent
+    return run_dir
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m trainer.evaluate", description=__doc__.split("\n")[0]
@@ -611,7 +625,7 @@ def run(args: argparse.Namespace) -> Comparison:
     config = load_config(args.config, args.overrides)
     ckpt_path = Path(args.checkpoint or args.drafter)
     run_dir = ckpt_path.parent if ckpt_path.name.startswith("step-") else ckpt_path
-    config = resolve_demo(config, run_dir)
+    config = resolve_demo(config, trained_in(run_dir))
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     target, block, what = load_block_drafter(args, config)

@@ -76,8 +76,10 @@ def prune(
 ) -> None:
     """Delete archived runs except the newest --keep N. Live checkpoints are never touched.
 
-    Each deletion first proves, at the place, that the resolved path lies inside
-    <checkpoints>/archive/ (symlinks followed); anything else is refused and left in place.
+    A run is a folder archive/<UTC time>/ (what deploy and restart --clean create). Anything
+    else in archive/ (a symlink, a file, another folder) is not a run: it is left alone and
+    named in a warning, never followed, never counted among the N kept. Each deletion first
+    proves, at the place, that the entry is such a run inside <checkpoints>/archive/.
 
     \b
     Examples:
@@ -87,7 +89,7 @@ def prune(
         report = ws.checkpoints().prune(keep=keep)
     for stamp in report.deleted:
         output.info(f"Deleted archived run {stamp}")
-    for message in report.refused:
+    for message in [*report.skipped, *report.refused]:
         output.warn(message)
     output.success(
         f"Pruned {len(report.deleted)} archived run(s); kept {len(report.kept)}"

@@ -49,7 +49,10 @@ def stop(
     with workspace(ctx, where) as ws:
         final = operations.stop(ws, force=force, save=not no_save, say=output.warn)
     place = ws.target.describe()
-    if final is None:
+    if final is None and not ws.deployed_here:
+        output.info(output.NEVER_DEPLOYED.format(folder=ws.config.project_dir, place=place))
+        output.hint(output.NEVER_DEPLOYED_HINT)
+    elif final is None:
         output.info(f"No job session {ws.config.job.session!r} on {place}: nothing to stop.")
     else:
         output.success(

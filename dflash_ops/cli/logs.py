@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -13,6 +13,7 @@ from dflash_ops.cli.options import (
     with_target,
 )
 from dflash_ops.errors import JobNotFound
+from dflash_ops.workspace import Workspace
 
 app = typer.Typer()
 
@@ -50,6 +51,8 @@ def logs(
             job = ws.job()
             body, size = job.tail(tail)
             output.write_bytes(body)
+            if size < 0 and not ws.deployed_here and not job.state().exists:
+                _never_deployed(ws)
             if not follow:
                 if size < 0:
                     output.info(f"No log yet at {ws.log_path} on {ws.target.describe()}.")
@@ -59,6 +62,8 @@ def logs(
             output.info("Detached from the log; the job keeps running.")
             raise typer.Exit(130) from None
     if not final.exists:
+        if not ws.deployed_here:
+            _never_deployed(ws)
         raise JobNotFound(
             f"No job session {final.session!r} on {ws.target.describe()}: nothing to follow.",
             hint=f"Start one with: {command(ctx, 'deploy')}",
@@ -68,3 +73,10 @@ def logs(
         raise typer.Exit(1)
     output.info(f"Job exited with code {final.exit_code}.")
     raise typer.Exit(final.exit_code)
+
+
+def _never_deployed(ws: Workspace) -> NoReturn:
+    place = ws.target.describe()
+    output.info(output.NEVER_DEPLOYED.format(folder=ws.config.project_dir, place=place))
+    output.hint(output.NEVER_DEPLOYED_HINT)
+    raise typer.Exit(1)

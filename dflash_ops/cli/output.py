@@ -32,6 +32,18 @@ def warn(message: str) -> None:
     err.print(f"[yellow]warning:[/yellow] {escape(message)}")
 
 
+def hint(message: str) -> None:
+    err.print(f"[cyan]hint:[/cyan] {escape(message)}")
+
+
+# Said by status, logs and stop when this folder never deployed to the target and no job is there.
+NEVER_DEPLOYED = "No job deployed from here ({folder}) to {place}."
+NEVER_DEPLOYED_HINT = (
+    "Deploy from this folder with: dflash deploy. A job deployed from another folder is that "
+    "project's (its own tmux socket): run dflash there, or pass its --target/--host."
+)
+
+
 def error(exc: DflashError) -> None:
     """One clear message and, when there is one, the next step."""
     err.print(f"[bold red]error:[/bold red] {escape(str(exc))}")

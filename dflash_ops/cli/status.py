@@ -68,10 +68,21 @@ def _print_human(report: dict[str, Any]) -> None:
         job = (
             f"[{colour}]exited with code {code}[/{colour}] (started {_when(report['started_at'])})"
         )
+    elif not report.get("deployed_here", True):
+        job = "[yellow]none[/yellow]: no job deployed from here"
     else:
         job = "[yellow]not running[/yellow] (no session)"
     say(f"[bold]job[/bold]      {escape(report['session'])}: {job}")
+    if not report["exists"] and not report.get("deployed_here", True):
+        output.hint(output.NEVER_DEPLOYED_HINT)
     say(f"[bold]release[/bold]  {escape(report['release'] or 'none deployed')}")
+    running = report.get("job_release")
+    if running and report["running"] and running != report["release"]:
+        output.warn(
+            f"release {report['release'] or 'none'} is current, the job still runs release "
+            f"{running}"
+        )
+        output.hint("Run dflash restart to run the current release (or dflash rollback).")
     metrics = report["metrics"]
     if metrics:
         say(f"[bold]metrics[/bold]  {escape(_metrics(metrics))}")
