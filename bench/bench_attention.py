@@ -151,6 +151,10 @@ def main() -> None:
             )
         },
     )
+    density = None
+    if mask.block_mask is not None:
+        density = 1.0 - mask.block_mask.sparsity() / 100.0
+    rows.append(ours)
     if flex_ok:  # the tiles that fit ~100 KiB GPUs, forced here: goal within 1.3x of ours
         small = build_draft_mask(
             anchors, valid, s, b, backend="flex", num_heads=shape.heads, kernel_preset="small"
@@ -163,10 +167,6 @@ def main() -> None:
                 args,
             )
         )
-    density = None
-    if mask.block_mask is not None:
-        density = 1.0 - mask.block_mask.sparsity() / 100.0
-    rows.append(ours)
 
     # Raw compiled flex over a hand-built BlockMask: the figure to match.
     if flex_ok:

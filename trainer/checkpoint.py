@@ -311,6 +311,8 @@ def check_schedule(found: Found, config: TrainConfig) -> list[str]:
             f"run.steps = {config.run.steps}"
         )
     return changes
+
+
 def format_changes(manifest: Manifest) -> list[str]:
     """Settings whose meaning changed since the checkpoint's drafter format: format 1 counted a
     sliding window before the anchor, the engines (and format 2) end it at each slot."""
