@@ -167,10 +167,13 @@ fi
 say step done
 }
 # The steps run as a job of their own (job control: their own process group), which
-# `dflash_watch` can end whole; this shell only waits for it and passes its status on.
+# `dflash_watch` can end whole; this shell only waits for it and passes its status on. Job
+# control goes off once the group exists, so bash prints no "[1]+ Exit N" notice on stderr.
 set -m
 dflash_main "$@" &
-wait "$!"
+main=$!
+set +m
+wait "$main"
 """
 
 SCRIPT = (

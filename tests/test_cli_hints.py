@@ -78,8 +78,8 @@ def test_a_removed_remembered_target_is_left_with_target_default(tmp_path: Path)
 def test_follow_before_any_deploy_is_an_error_with_a_hint(tmp_path: Path) -> None:
     result = dflash(project(tmp_path), "logs", "--follow")
     assert result.returncode == 1
-    assert result.stderr.splitlines()[0].startswith("error: No job session")
-    assert hint(result.stderr) == "hint: Start one with: dflash deploy"
+    assert result.stderr.splitlines()[0].startswith("error: No job deployed from here")
+    assert hint(result.stderr).startswith("hint: ") and "dflash deploy" in hint(result.stderr)
 
 
 @pytest.mark.parametrize(("shell", "marker"), [("zsh", "#compdef dflash"), ("fish", "complete ")])

@@ -28,7 +28,7 @@ def test_the_launch_script_runs_the_generator_on_every_gpu() -> None:
         release_id="r", python="py", checkpoints="/ck", gpus=4, command="echo mine", tool=tool
     )
     argv = trainer_argv(plan)
-    assert argv == ["py", "-m", "torch.distributed.run", "--standalone",
+    assert argv == ["py", "-m", "trainer.launcher", "--standalone",
                     "--nproc-per-node", "4", *tool]  # fmt: skip
     last = render(plan).splitlines()[-1]
     assert shlex.split(last) == ["exec", *argv]  # the user's [job] command is not run

@@ -97,7 +97,7 @@ def test_disk_filled_mid_run_then_freed_resumes(tmp_path, assets) -> None:  # no
     first_err = (report / "first.err").read_text()
     assert (report / "first.code").read_text().strip() == "1", first_err
     assert "No space left on device (" in first_err and "Traceback" not in first_err
-    assert "metrics.jsonl); free space" in first_err  # the row append met the full disk
+    assert "metrics.jsonl)\nhint: free space" in first_err  # the row append met the full disk
     full = (report / "metrics.full").read_bytes()
     assert full.endswith(b"\n")  # the row being written when the disk filled is not half there
     assert [json.loads(line)["step"] for line in full.splitlines()][:21] == list(range(1, 22))

@@ -6,19 +6,30 @@ as TensorBoard scalars into `<out>/tensorboard/` so that a user can watch them:
     tensorboard --logdir <out>/tensorboard
 
 Written only when the `tensorboard` package is installed (`pip install 'dflash[tensorboard]'`)
-and `run.tensorboard` is on; otherwise nothing happens and nothing is said. The writer opens at
-the first row with `purge_step` = that row's step, so a resumed run replaces the points logged
-after its checkpoint instead of drawing them twice; every row is flushed at once (rows come every
-`run.log_every` steps, and a killed run keeps what it drew).
+and `run.tensorboard` is on; otherwise nothing happens and nothing is said. The event file opens
+at the first row with a purge marker at that row's step (what `SummaryWriter(purge_step=)`
+writes), so a resumed run replaces the points logged after its checkpoint instead of drawing them
+twice; every row is flushed at once (rows come every `run.log_every` steps, and a killed run keeps
+what it drew).
+
+The events are written in the caller's thread with tensorboard's `RecordWriter`, not through
+`SummaryWriter`'s writer thread: a full disk then raises here, where it is caught — the curves
+stop with one warning and training goes on — instead of a traceback from a thread.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import socket
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 FOLDER = "tensorboard"
+log = logging.getLogger("trainer")
 
 # metrics row key → scalar tag
 SCALARS = {
@@ -38,9 +49,9 @@ PROBE = {
 
 
 def available() -> bool:
-    """Whether torch's TensorBoard writer can be imported (it needs the tensorboard package)."""
+    """Whether the tensorboard package (its event protos and record writer) can be imported."""
     try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+        from tensorboard.summary.writer.record_writer import RecordWriter  # noqa: F401
     except ImportError:
         return False
     return True
@@ -82,21 +93,63 @@ class TrainingCurves:
     def __init__(self, out_dir: str | Path, *, enabled: bool = True) -> None:
         self.folder = Path(out_dir) / FOLDER
         self.enabled = enabled and available()
-        self._writer: Any = None
+        self._file: EventFile | None = None
 
     def write(self, row: Mapping[str, Any]) -> None:
         if not self.enabled:
             return
         step = int(row["step"])
-        if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(str(self.folder), purge_step=step)
-        for tag, value in scalars(row):
-            self._writer.add_scalar(tag, value, step)
-        self._writer.flush()
+        try:
+            if self._file is None:
+                self._file = EventFile(self.folder, purge_step=step)
+            for tag, value in scalars(row):
+                self._file.scalar(tag, value, step)
+            self._file.flush()
+        except OSError as exc:  # a full disk: the curves stop, the training does not
+            self.enabled = False
+            log.warning(
+                "warning: TensorBoard curves stopped at step %d: %s (%s); metrics.jsonl goes on",
+                step,
+                exc.strerror or exc,
+                self.folder,
+            )
+            self.close()
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if self._file is not None:
+            with contextlib.suppress(OSError):  # the disk is full: nothing more to lose
+                self._file.close()
+            self._file = None
+
+
+class EventFile:
+    """One TensorBoard event file, written synchronously: a version event, a purge marker at
+    `purge_step`, then scalar events."""
+
+    def __init__(self, folder: Path, *, purge_step: int) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}"
+        self._fh = open(folder / name, "ab")  # noqa: SIM115 (closed by `close`)
+        self._records = RecordWriter(self._fh)
+        self._write(Event(wall_time=time.time(), step=purge_step, file_version="brain.Event:2"))
+        start = SessionLog(status=SessionLog.START)
+        self._write(Event(wall_time=time.time(), step=purge_step, session_log=start))
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
+        self._write(Event(wall_time=time.time(), step=step, summary=summary))
+
+    def _write(self, event: Any) -> None:
+        self._records.write(event.SerializeToString())
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()

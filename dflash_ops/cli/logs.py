@@ -76,7 +76,10 @@ def logs(
 
 
 def _never_deployed(ws: Workspace) -> NoReturn:
+    """Logs asked for in a folder that never deployed: an error (exit 1), never another
+    project's job."""
     place = ws.target.describe()
-    output.info(output.NEVER_DEPLOYED.format(folder=ws.config.project_dir, place=place))
-    output.hint(output.NEVER_DEPLOYED_HINT)
-    raise typer.Exit(1)
+    raise JobNotFound(
+        output.NEVER_DEPLOYED.format(folder=ws.config.project_dir, place=place),
+        hint=output.NEVER_DEPLOYED_HINT,
+    )
