@@ -160,8 +160,7 @@ def test_finished_run_says_there_is_nothing_left(tmp_path, assets) -> None:  # n
 
 
 def launcher(config: Path, out: Path, *, procs: int, targets: int) -> subprocess.Popen[str]:
-    env = {**ENV, "DFLASH_TARGET_GPUS": str(targets), "DFLASH_HEARTBEAT_TIMEOUT_S": "20",
-           "DFLASH_TIMEOUT_S": "120"}  # fmt: skip
+    env = {**ENV, "DFLASH_TARGET_GPUS": str(targets)}
     argv = [
         sys.executable, "-m", "trainer.launcher", "--nproc-per-node", str(procs),
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
