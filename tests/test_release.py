@@ -233,7 +233,7 @@ def test_a_cpu_job_trains_on_the_cpu_on_a_gpu_machine(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[1]
     text = (
         f"{sys.executable} -c 'from trainer.trainer import resolve_device; "
-        "print(resolve_device(\"auto\"))'"
+        'print(resolve_device("auto"))\''
     )
     env = {**os.environ, "PYTHONPATH": str(root)}
     for gpus, device in ((0, "cpu"), (1, "cuda")):
