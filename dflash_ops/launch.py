@@ -122,9 +122,7 @@ def render(plan: LaunchPlan) -> str:
         "DFLASH_PYTHON": plan.python,
         "DFLASH_STOP_TIMEOUT": f"{plan.stop_timeout:g}",
     }
-    if (
-        plan.gpus == 0
-    ):  # a CPU job: no GPU is visible, so the trainer's run.device "auto" is the CPU
+    if plan.gpus == 0:  # a CPU job: with no GPU visible, the trainer's run.device "auto" is the CPU
         exports[HIDE_GPUS] = ""
     if plan.nodes > 1:
         exports["DFLASH_NODES"] = str(plan.nodes)

@@ -5,7 +5,7 @@ Launch (one node, G processes; `dflash deploy` generates this when `[job] gpus >
     DFLASH_TARGET_GPUS=T torchrun --nproc-per-node G -m trainer.train --config FILE --out DIR
 
 Ranks `0 … T−1` are target workers, ranks `T … G−1` drafter workers (`T` from
-`DFLASH_TARGET_GPUS`, default ⌊G/2⌋, at least 1). One process (no torchrun environment, or
+`DFLASH_TARGET_GPUS`, default ⌊G/2⌋: `trainer.split_rule`). One process (no torchrun environment, or
 `WORLD_SIZE=1`) is the colocated mode of `trainer.trainer`. The backend is NCCL on CUDA and gloo on
 the CPU; every rank uses the GPU `LOCAL_RANK`. Drafters get their own process group for the
 gradient all-reduce; targets never join it.
@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from trainer.config import SplitConfig
 from trainer.errors import TrainerError
+from trainer.split_rule import default_target_gpus
 from trainer.stopping import StopRequest
 
 TARGET, DRAFTER = "target", "drafter"
@@ -114,7 +115,7 @@ def roles_from_env(env: Mapping[str, str] | None = None) -> Roles | None:
         return None
     raw = env.get("DFLASH_TARGET_GPUS", "")
     try:
-        targets = int(raw) if raw.strip() else max(1, world // 2)
+        targets = int(raw) if raw.strip() else default_target_gpus(world)
     except ValueError as exc:
         raise DistributedSetupError(f"DFLASH_TARGET_GPUS={raw!r} is not an integer") from exc
     return Roles(
