@@ -178,9 +178,10 @@ def split_stop_and_resume(
     procs: int,
     targets: int,
     steps: int,  # noqa: F811
+    device: str = "cpu",
 ) -> tuple[Path, int, list[dict]]:
     out = tmp_path / f"split-{uuid.uuid4().hex[:8]}"
-    cfg = write_config(tmp_path / "c.toml", folder, steps=steps, checkpoint_every=0)
+    cfg = write_config(tmp_path / "c.toml", folder, steps=steps, checkpoint_every=0, device=device)
     proc = launcher(cfg, out, procs=procs, targets=targets)
     n = interrupt(proc, out, after_rows=2, steps=steps)
     first = [json.loads((out / "ranks" / f"rank-{r}.json").read_text()) for r in range(procs)]
