@@ -171,8 +171,6 @@ def split_worker(
         MASTER_PORT=str(port),
         DFLASH_TARGET_GPUS="1",
     )
-    if device == "cpu":
-        os.environ["DFLASH_DEVICE"] = "cpu"
     from trainer.distributed import roles_from_env
     from trainer.split import run_split
 

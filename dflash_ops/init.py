@@ -2,8 +2,8 @@
 
 The GPU count comes from `nvidia-smi --query-gpu=name --format=csv,noheader` run at the place
 (inside the container for a Proxmox target); no `nvidia-smi` means 0 GPUs. The split between the
-target model and the drafter is a suggestion (`suggest_split`): about 0.6·G GPUs serve the
-target, at least one trains the drafter, and with 0 or 1 GPU everything is colocated.
+target model and the drafter is the trainer's own default (`trainer.split_rule`): ⌊G/2⌋ GPUs
+serve the target, the rest train the drafter, and with 0 or 1 GPU everything is colocated.
 
 An existing file is never replaced unless asked (`force=True`).
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from dflash_ops.errors import ConfigError
 from dflash_ops.place import Place
+from trainer.split_rule import default_target_gpus
 
 NVIDIA_SMI = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
 
@@ -58,16 +59,6 @@ def count_gpus(place: Place) -> GpuInfo:
     return GpuInfo(count=len(names), names=names)
 
 
-def suggest_split(gpus: int) -> int:
-    """GPUs for the target model out of `gpus`: ≈ 0.6·G, at least 1, leaving ≥ 1 for the drafter.
-
-    With 0 or 1 GPU the target and the drafter share (0: colocated).
-    """
-    if gpus <= 1:
-        return 0
-    return min(gpus - 1, max(1, round(0.6 * gpus)))
-
-
 def _toml_str(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)  # a JSON string is a valid TOML basic string
 
@@ -80,7 +71,7 @@ def _line(setting: str, comment: str = "") -> str:
 def render(plan: InitPlan) -> str:
     """The text of deploy.toml: every setting present or commented, with what it means."""
     g = plan.gpus
-    target_gpus = suggest_split(g.count)
+    target_gpus = default_target_gpus(g.count)
     names = ", ".join(sorted(set(g.names)))
     found = f"{g.count} × {names}" if g.names else f"none ({g.note or 'nvidia-smi lists none'})"
     lines = [

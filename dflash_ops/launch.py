@@ -1,7 +1,8 @@
 """The generated `launch.sh` of a release: how the job starts, written down in the release.
 
 The script is the one thing the tmux session runs (`bash <root>/current/launch.sh`). It moves to
-its own release folder, exports what the job needs to know about itself, and `exec`s the trainer
+its own release folder, exports what the job needs to know about itself (and, with `[job] gpus = 0`,
+an empty `CUDA_VISIBLE_DEVICES`: a CPU job sees no GPU), and `exec`s the trainer
 — `python -m trainer.train --config train.toml --out <checkpoints>`, under torchrun
 (`trainer.launcher`: torchrun that exits 0 when the workers stopped gracefully on a signal, and
 waits `[job] stop_timeout` + 10 s for them) when the job has more than one GPU: `--standalone` on one
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from dflash_ops.config import JobConfig
 
 COMMAND_FILE = "command.sh"
+HIDE_GPUS = "CUDA_VISIBLE_DEVICES"  # set empty for `[job] gpus = 0`: CUDA then lists no device
 TRAIN_CONFIG = "train.toml"
 
 
@@ -117,10 +119,11 @@ def render(plan: LaunchPlan) -> str:
     exports = {
         "DFLASH_RELEASE": plan.release_id,
         "DFLASH_CHECKPOINTS": plan.checkpoints,
-        "DFLASH_GPUS": str(plan.gpus),
         "DFLASH_PYTHON": plan.python,
         "DFLASH_STOP_TIMEOUT": f"{plan.stop_timeout:g}",
     }
+    if plan.gpus == 0:  # a CPU job: with no GPU visible, the trainer's run.device "auto" is the CPU
+        exports[HIDE_GPUS] = ""
     if plan.nodes > 1:
         exports["DFLASH_NODES"] = str(plan.nodes)
     if plan.world_size > 1 and plan.target_gpus > 0:

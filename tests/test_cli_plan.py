@@ -83,11 +83,14 @@ def ssh_project(deployed: Deployed, folder: Path) -> Path:
 
 
 def check_table(stdout: str) -> None:
-    rows = re.findall(r"^\s*(\d+)\s+(\d+)\s+([\d,]+)\s+(target|drafter)(  <- best)?$", stdout, re.M)
+    rows = re.findall(
+        r"^\s*(\d+)\s+(\d+)\s+([\d,]+)\s+(target|drafter)(?:  <- ([a-z, ]+))?$", stdout, re.M
+    )
     assert [(int(t), int(d)) for t, d, *_ in rows] == SPLITS, stdout
     rates = [float(r[2].replace(",", "")) for r in rows]
-    best = [i for i, r in enumerate(rows) if r[4]]
+    best = [i for i, r in enumerate(rows) if "best" in r[4]]
     assert len(best) == 1 and rates[best[0]] == max(rates)
+    assert [int(r[0]) for r in rows if "default" in r[4]] == [2]  # ⌊4/2⌋
     assert stdout.startswith("target alone:") and "one GPU colocated:" in stdout
 
 
@@ -96,6 +99,7 @@ def check_json(stdout: str) -> None:
     assert report["gpus"] == 4
     assert [(s["targets"], s["drafters"]) for s in report["splits"]] == SPLITS
     assert report["best"]["tokens_per_s"] == max(s["tokens_per_s"] for s in report["splits"])
+    assert report["default"]["targets"] == 2
     assert report["rates"]["r_target"] > 0 and report["rates"]["r_drafter"] > 0
 
 

@@ -15,6 +15,7 @@ from dflash_ops import init
 from dflash_ops.config import TargetFlags, load_config, resolve_target
 from dflash_ops.place import HostPlace
 from dflash_ops.transport import LocalTransport
+from trainer.split_rule import default_target_gpus
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -70,7 +71,7 @@ def test_gpu_count_is_read_from_the_place_and_split(tmp_path):
     result = dflash(tmp_path, "init", "--model", "/models/Qwen3 8B", env=env)
     assert result.returncode == 0, result.stderr
     config, _ = loaded(tmp_path / "deploy.toml")
-    assert (config.job.gpus, config.job.target_gpus) == (8, 5)
+    assert (config.job.gpus, config.job.target_gpus) == (8, 4)
     assert config.train == {"model": {"target": "/models/Qwen3 8B"}, "data": {}}  # path to set
     assert "8 × NVIDIA H200" in (tmp_path / "deploy.toml").read_text()
 
@@ -124,15 +125,14 @@ def test_unreachable_place_still_writes_with_a_warning(ssh_home, tmp_path):
     assert target.host == "unknownbox" and config.job.gpus == 0
 
 
-def test_split_examples():
-    assert [init.suggest_split(g) for g in (0, 1, 2, 3, 4, 8, 16)] == [0, 0, 1, 2, 2, 5, 10]
-
-
 @given(st.integers(min_value=2, max_value=512))
-def test_split_leaves_a_drafter_gpu_and_stays_near_sixty_percent(gpus):
-    target = init.suggest_split(gpus)
+def test_split_is_the_trainers_default_and_leaves_a_drafter_gpu(gpus):
+    """`init` writes the split the trainer itself runs with `DFLASH_TARGET_GPUS` unset."""
+    from trainer.distributed import roles_from_env
+
+    target = default_target_gpus(gpus)
     assert 1 <= target <= gpus - 1
-    assert abs(target - 0.6 * gpus) <= 1
+    assert roles_from_env({"WORLD_SIZE": str(gpus), "RANK": "0"}).num_targets == target
 
 
 @given(st.integers(min_value=0, max_value=64), st.sampled_from([None, "/m", 'a "q" \\ x']))
@@ -145,7 +145,7 @@ def test_rendered_file_always_loads(tmp_path_factory, gpus, model):
     path.write_text(init.render(plan))
     config, target = loaded(path)
     assert config.job.gpus == gpus and target.ct == 200 and target.port == 2222
-    assert config.job.target_gpus == init.suggest_split(gpus)
+    assert config.job.target_gpus == default_target_gpus(gpus)
     if model is not None:
         assert config.train["model"]["target"] == model
 

@@ -161,10 +161,7 @@ def test_two_nodes_train_the_demo_on_the_cpu(tmp_path: Path) -> None:
     (release / "launch.sh").write_text(render(launch))
     env = {
         **os.environ,
-        "DFLASH_DEVICE": "cpu",
         "OMP_NUM_THREADS": "1",
-        "DFLASH_HEARTBEAT_TIMEOUT_S": "20",
-        "DFLASH_TIMEOUT_S": "120",
     }
     env.pop("PYTHONPATH", None)  # the release's own trainer/, found from its folder
     nodes = [

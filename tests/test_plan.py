@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from trainer.plan import Rates, colocated, main, predict
+from trainer.plan import Rates, colocated, format_report, main, predict, report
+from trainer.split_rule import default_target_gpus
 
 
 def rates(rt: float, rd: float) -> Rates:
@@ -38,6 +39,37 @@ def test_seed_node_prefers_five_plus_three() -> None:
     # the seed's measured-by-hand situation: 6 + 2 drafter-bound, 5 + 3 better
     best = max(predict(rates(4.3e3, 7.2e3), 8), key=lambda s: s.tokens_per_s)
     assert (best.targets, best.drafters) == (5, 3)
+
+
+# docs/benchmarks.md, "Target/drafter split": one H200, Qwen3-8B-shaped target, 5-layer drafter
+H200_RATES = (30_156.0, 24_982.0)
+
+
+def test_default_split_is_half_the_gpus() -> None:
+    assert [default_target_gpus(g) for g in (0, 1, 2, 3, 4, 8, 16)] == [0, 0, 1, 1, 2, 4, 8]
+
+
+@pytest.mark.parametrize("gpus", range(2, 17))
+def test_default_split_is_near_the_best_at_the_measured_rates(gpus: int) -> None:
+    """At the rates measured on H200s the default split predicts the best rate for G ≤ 11 and
+    every odd G, and stays within 6 % of it up to 16; the ≈ 0.6·G rule it replaced lost up to a
+    third."""
+    splits = {s.targets: s.tokens_per_s for s in predict(rates(*H200_RATES), gpus)}
+    best = max(splits.values())
+    default = splits[default_target_gpus(gpus)]
+    assert default >= (best if gpus <= 11 or gpus % 2 else 0.94 * best)
+    assert default >= splits[min(gpus - 1, max(1, round(0.6 * gpus)))]
+
+
+def test_report_names_the_default_split_beside_the_best() -> None:
+    r = report(rates(4.3e3, 7.2e3), 8)
+    assert (r["best"]["targets"], r["default"]["targets"]) == (5, 4)
+    lines = format_report(r).splitlines()
+    assert [line.split()[0] for line in lines if line.endswith("<- best")] == ["5"]
+    assert [line.split()[0] for line in lines if line.endswith("<- default")] == ["4"]
+    both = report(rates(*H200_RATES), 8)
+    assert both["best"] == both["default"] and "<- best, default" in format_report(both)
+    assert report(rates(*H200_RATES), 1)["default"] is None
 
 
 def test_plan_measures_a_tiny_config(tmp_path, capsys) -> None:

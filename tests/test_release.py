@@ -80,7 +80,13 @@ def test_release_ids_sort_by_time() -> None:
     assert ids[0][:19] <= ids[-1][:19]
 
 
-def run_launch(tmp_path: Path, launch_plan: LaunchPlan, *, command_text: str | None = None) -> str:
+def run_launch(
+    tmp_path: Path,
+    launch_plan: LaunchPlan,
+    *,
+    command_text: str | None = None,
+    env: dict[str, str] | None = None,
+) -> str:
     """Unpack a launch script into a release folder and run it with a stand-in interpreter."""
     release = tmp_path / "releases" / launch_plan.release_id
     release.mkdir(parents=True)
@@ -94,6 +100,7 @@ def run_launch(tmp_path: Path, launch_plan: LaunchPlan, *, command_text: str | N
         text=True,
         cwd="/",
         timeout=30,
+        env=env,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -101,11 +108,11 @@ def run_launch(tmp_path: Path, launch_plan: LaunchPlan, *, command_text: str | N
 
 @pytest.fixture
 def fake_python(tmp_path: Path) -> Path:
-    """Prints its cwd, argv and the DFLASH_* environment, one per line."""
+    """Prints its cwd, argv and the DFLASH_* and CUDA_* environment, one per line."""
     script = tmp_path / "bin" / "fake python"
     script.parent.mkdir()
     script.write_text(
-        '#!/bin/bash\npwd\nfor a in "$@"; do echo "arg:$a"; done\nenv | grep ^DFLASH_ | sort\n'
+        '#!/bin/bash\npwd\nfor a in "$@"; do echo "arg:$a"; done\nenv | grep -E "^(DFLASH|CUDA)_" | sort\n'
     )
     script.chmod(0o755)
     return script
@@ -129,7 +136,16 @@ def test_launch_torchrun_over_gpus(tmp_path: Path, fake_python: Path) -> None:
     args = [line[4:] for line in out if line.startswith("arg:")]
     assert args[:5] == ["-m", "trainer.launcher", "--standalone", "--nproc-per-node", "8"]
     assert args[5:] == ["-m", "trainer.train", "--config", "train.toml", "--out", "/ck"]
-    assert "DFLASH_TARGET_GPUS=5" in out and "DFLASH_GPUS=8" in out
+    assert "DFLASH_TARGET_GPUS=5" in out and not any(x.startswith("DFLASH_GPUS") for x in out)
+
+
+@pytest.mark.parametrize(("gpus", "visible"), [(0, ""), (1, "0,1"), (2, "0,1")])
+def test_a_cpu_job_sees_no_gpu(tmp_path: Path, fake_python: Path, gpus: int, visible: str) -> None:
+    """`[job] gpus = 0` hides the GPUs from the job (whatever the environment held before), so
+    the trainer's `run.device = "auto"` picks the CPU; with GPUs the environment is left as is."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"}
+    out = run_launch(tmp_path, plan(python=str(fake_python), gpus=gpus), env=env).splitlines()
+    assert f"CUDA_VISIBLE_DEVICES={visible}" in out
 
 
 def test_launch_runs_the_users_command_with_bash(tmp_path: Path) -> None:
@@ -206,3 +222,21 @@ def test_prune_never_removes_current(releases: Releases, project: Path) -> None:
     removed = releases.prune(releases.list(), keep=1)
     assert removed == [ids[1]]  # the newest one stays, and so does the current one
     assert releases.list() == [ids[0], ids[2]]
+
+
+@pytest.mark.gpu
+def test_a_cpu_job_trains_on_the_cpu_on_a_gpu_machine(tmp_path: Path) -> None:
+    """On a machine with a GPU, the job of `[job] gpus = 0` resolves `run.device = "auto"` to
+    the CPU (the trainer's own rule, run under the launch script)."""
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    text = (
+        f"{sys.executable} -c 'from trainer.trainer import resolve_device; "
+        'print(resolve_device("auto"))\''
+    )
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    for gpus, device in ((0, "cpu"), (1, "cuda")):
+        launch_plan = plan(command=text, gpus=gpus)
+        out = run_launch(tmp_path / str(gpus), launch_plan, command_text=text, env=env)
+        assert out.strip() == device

@@ -29,6 +29,7 @@ TABLES = {
     "data": {"batch_size": 2, "num_anchors": 8, "bucket": 32, "max_len": 64, "noise": 0.01},
     "optim": {"lr": 3e-3, "warmup_steps": 2, "weight_decay": 0.0},
     "run": {"steps": 6, "device": "cpu", "checkpoint_every": 3, "threads": 1},
+    "split": {"timeout_s": 120, "heartbeat_timeout_s": 20},
 }
 
 
@@ -69,8 +70,6 @@ def torchrun(
         "PYTHONPATH": str(ROOT),
         "DFLASH_TARGET_GPUS": str(targets),
         "OMP_NUM_THREADS": "1",
-        "DFLASH_HEARTBEAT_TIMEOUT_S": "20",
-        "DFLASH_TIMEOUT_S": "120",
         **(extra_env or {}),
     }
     argv = [
@@ -244,3 +243,23 @@ def test_the_split_run_says_when_data_starts_repeating(tmp_path, assets) -> None
         tmp_path, assets, procs=2, targets=1, data={"batch_size": 16}, steps=3, checkpoint_every=0
     )
     assert log.count("repeated samples") == 1 and repeat_note(1, 32) in log
+
+
+@pytest.mark.slow
+def test_the_split_run_keeps_the_holdout_out_of_training(tmp_path, assets) -> None:
+    """`data.holdout` samples are never trained on, as in the colocated run: a 1 + 1 split
+    repeats the colocated losses, and an epoch is the 24 samples left (batches of 12)."""
+    from trainer.config import load_config
+    from trainer.data import repeat_note
+    from trainer.trainer import Trainer
+
+    data = {"holdout": 8, "batch_size": 12}
+    out, log, _ = run_split(
+        tmp_path, assets, procs=2, targets=1, data=data, steps=3, checkpoint_every=0
+    )
+    assert repeat_note(1, 24) in log, log[-4000:]
+    split = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    cfg = write_config(tmp_path / "c4.toml", assets, data=data, steps=3, checkpoint_every=0)
+    trainer = Trainer(load_config(cfg), tmp_path / "colo", emit=lambda _: None)
+    colocated = [r.loss for r in trainer.run()]
+    assert split == pytest.approx(colocated, rel=1e-6, abs=0)

@@ -160,8 +160,7 @@ def test_finished_run_says_there_is_nothing_left(tmp_path, assets) -> None:  # n
 
 
 def launcher(config: Path, out: Path, *, procs: int, targets: int) -> subprocess.Popen[str]:
-    env = {**ENV, "DFLASH_TARGET_GPUS": str(targets), "DFLASH_HEARTBEAT_TIMEOUT_S": "20",
-           "DFLASH_TIMEOUT_S": "120"}  # fmt: skip
+    env = {**ENV, "DFLASH_TARGET_GPUS": str(targets)}
     argv = [
         sys.executable, "-m", "trainer.launcher", "--nproc-per-node", str(procs),
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
@@ -179,9 +178,10 @@ def split_stop_and_resume(
     procs: int,
     targets: int,
     steps: int,  # noqa: F811
+    device: str = "cpu",
 ) -> tuple[Path, int, list[dict]]:
     out = tmp_path / f"split-{uuid.uuid4().hex[:8]}"
-    cfg = write_config(tmp_path / "c.toml", folder, steps=steps, checkpoint_every=0)
+    cfg = write_config(tmp_path / "c.toml", folder, steps=steps, checkpoint_every=0, device=device)
     proc = launcher(cfg, out, procs=procs, targets=targets)
     n = interrupt(proc, out, after_rows=2, steps=steps)
     first = [json.loads((out / "ranks" / f"rank-{r}.json").read_text()) for r in range(procs)]

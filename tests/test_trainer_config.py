@@ -46,6 +46,11 @@ def test_deploy_toml_train_table(tmp_path) -> None:
         ("model.sliding_layers=[7]", "model.sliding_layers"),
         ("loss.kl_weight=2", "loss.kl_weight"),
         ("run.compile=maybe", "run.compile"),
+        ("split.timeout_s=0", "split.timeout_s"),
+        ("split.heartbeat_timeout_s=-1", "split.heartbeat_timeout_s"),
+        ("split.max_in_flight=0", "split.max_in_flight"),
+        ("split.max_in_flight=1.5", "split.max_in_flight"),
+        ("split.timeout=5", "split.timeout"),
     ],
 )
 def test_errors_name_the_key(tmp_path, override: str, key: str) -> None:
@@ -114,3 +119,37 @@ def test_template_options_tie_checkpoints_only_when_set() -> None:
     thinking = config_from_dict(base, ["data.enable_thinking=false"])
     assert thinking.model_data_settings()["data.enable_thinking"] is False
     assert thinking.model_data_hash() != plain.model_data_hash()
+
+
+def test_split_table_is_saved_with_the_checkpoint_and_old_checkpoints_resume(tmp_path) -> None:
+    """`[split]` is read from the file and kept in the checkpoint's manifest; it is not a
+    model/data setting, so a checkpoint written before the table existed, or with other
+    values, still resumes."""
+    import json
+
+    from trainer import checkpoint as ckpt
+    from trainer.distributed import Timeouts
+
+    path = tmp_path / "c.toml"
+    path.write_text(BASE + "[split]\ntimeout_s = 90\nmax_in_flight = 4\n")
+    cfg = load_config(path)
+    assert (cfg.split.timeout_s, cfg.split.heartbeat_timeout_s, cfg.split.max_in_flight) == (
+        90.0,
+        60.0,
+        4,
+    )
+    assert Timeouts.of(cfg.split) == Timeouts(wait_s=90.0, heartbeat_s=60.0)
+    run = tmp_path / "run"
+    ckpt.save_checkpoint(run, 3, {"step": 3}, cfg, keep_last=2, resolved=None)
+    manifest = run / "step-00000003" / "manifest.json"
+    raw = json.loads(manifest.read_text())
+    assert raw["resolved"]["split.timeout_s"] == 90.0
+    assert raw["resolved"]["split.max_in_flight"] == 4
+    raw["resolved"] = {k: v for k, v in raw["resolved"].items() if not k.startswith("split.")}
+    manifest.write_text(json.dumps(raw))  # as written before the table existed
+    base = tmp_path / "base.toml"
+    base.write_text(BASE)
+    for other in (load_config(base), load_config(path, ["split.max_in_flight=1"])):
+        found = ckpt.find_resumable(run)
+        assert found.path == run / "step-00000003"
+        assert ckpt.check_compatible(found, other) == []

@@ -269,6 +269,22 @@ class DemoConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SplitConfig:
+    """How the ranks of a target/drafter split wait for each other (`trainer.distributed`,
+    `trainer.exchange`); a single-process run ignores it."""
+
+    timeout_s: float = 1800.0  # any single wait, and the process groups' timeout
+    heartbeat_timeout_s: float = 60.0  # a peer whose heartbeat stands still this long has failed
+    max_in_flight: int = 2  # batches a target rank produced that no drafter has taken yet
+
+    def __post_init__(self) -> None:
+        for key in ("timeout_s", "heartbeat_timeout_s"):
+            if getattr(self, key) <= 0:
+                raise TrainConfigError(f"split.{key}", f"must be > 0, got {getattr(self, key)}")
+        _positive("split.max_in_flight", self.max_in_flight)
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -277,6 +293,7 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    split: SplitConfig = field(default_factory=SplitConfig)
 
     def __post_init__(self) -> None:
         if not self.demo.enabled:
@@ -339,6 +356,7 @@ SECTIONS: dict[str, type] = {
     "run": RunConfig,
     "demo": DemoConfig,
     "eval": EvalConfig,
+    "split": SplitConfig,
 }
 
 

@@ -5,7 +5,7 @@ Launch (one node, G processes; `dflash deploy` generates this when `[job] gpus >
     DFLASH_TARGET_GPUS=T torchrun --nproc-per-node G -m trainer.train --config FILE --out DIR
 
 Ranks `0 … T−1` are target workers, ranks `T … G−1` drafter workers (`T` from
-`DFLASH_TARGET_GPUS`, default ⌊G/2⌋, at least 1). One process (no torchrun environment, or
+`DFLASH_TARGET_GPUS`, default ⌊G/2⌋: `trainer.split_rule`). One process (no torchrun environment, or
 `WORLD_SIZE=1`) is the colocated mode of `trainer.trainer`. The backend is NCCL on CUDA and gloo on
 the CPU; every rank uses the GPU `LOCAL_RANK`. Drafters get their own process group for the
 gradient all-reduce; targets never join it.
@@ -14,7 +14,7 @@ Nothing waits forever:
 - every process group has `timeout=` (NCCL's watchdog tears a stuck collective/p2p down);
 - every wait of the protocol (`trainer.exchange`) is a polling loop with a deadline;
 - a watchdog thread beats a per-rank heartbeat counter in the store and stops the process when a
-  peer's counter stands still for `DFLASH_HEARTBEAT_TIMEOUT_S` (default 60 s), or when a peer
+  peer's counter stands still for `split.heartbeat_timeout_s` (default 60 s), or when a peer
   published an abort message (a rank that raised) — naming the rank and its role;
 - torchrun itself stops every worker (SIGTERM, then SIGKILL) as soon as one exits non-zero. SIGTERM
   is handled by a thread (`sigwait`, so it runs even while the main thread sits in a C call): it
@@ -39,7 +39,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from trainer.config import SplitConfig
 from trainer.errors import TrainerError
+from trainer.split_rule import default_target_gpus
 from trainer.stopping import StopRequest
 
 TARGET, DRAFTER = "target", "drafter"
@@ -113,7 +115,7 @@ def roles_from_env(env: Mapping[str, str] | None = None) -> Roles | None:
         return None
     raw = env.get("DFLASH_TARGET_GPUS", "")
     try:
-        targets = int(raw) if raw.strip() else max(1, world // 2)
+        targets = int(raw) if raw.strip() else default_target_gpus(world)
     except ValueError as exc:
         raise DistributedSetupError(f"DFLASH_TARGET_GPUS={raw!r} is not an integer") from exc
     return Roles(
@@ -130,14 +132,9 @@ def block_termination_signal() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
-def _float_env(name: str, default: float) -> float:
-    raw = os.environ.get(name, "")
-    return float(raw) if raw.strip() else default
-
-
 @dataclass(frozen=True, kw_only=True)
 class Timeouts:
-    """`DFLASH_TIMEOUT_S` bounds any single wait (default 1800 s: a first compile or a slow
+    """`split.timeout_s` bounds any single wait (default 1800 s: a first compile or a slow
     checkpoint may take minutes); the heartbeat bound catches a silent peer much sooner."""
 
     wait_s: float = 1800.0
@@ -145,11 +142,9 @@ class Timeouts:
     beat_every_s: float = 1.0
 
     @classmethod
-    def from_env(cls) -> Timeouts:
-        return cls(
-            wait_s=_float_env("DFLASH_TIMEOUT_S", 1800.0),
-            heartbeat_s=_float_env("DFLASH_HEARTBEAT_TIMEOUT_S", 60.0),
-        )
+    def of(cls, split: SplitConfig) -> Timeouts:
+        """The bounds of the `[split]` table."""
+        return cls(wait_s=split.timeout_s, heartbeat_s=split.heartbeat_timeout_s)
 
 
 class TerminationWatch:
@@ -181,10 +176,12 @@ class TerminationWatch:
 class Session:
     """The process groups, the control store and the watchdog of one rank."""
 
-    def __init__(self, roles: Roles, *, timeouts: Timeouts | None = None) -> None:
+    def __init__(
+        self, roles: Roles, *, timeouts: Timeouts | None = None, device: str = "auto"
+    ) -> None:
         self.roles = roles
-        self.timeouts = timeouts or Timeouts.from_env()
-        self.device = self._pick_device()
+        self.timeouts = timeouts or Timeouts()
+        self.device = self._pick_device(device)
         self.backend = "nccl" if self.device.type == "cuda" else "gloo"
         timeout = timedelta(seconds=self.timeouts.wait_s)
         kwargs = {"device_id": self.device} if self.device.type == "cuda" else {}
@@ -197,8 +194,10 @@ class Session:
         self._stop = threading.Event()
         self._publish_identity()
 
-    def _pick_device(self) -> torch.device:
-        if torch.cuda.is_available() and os.environ.get("DFLASH_DEVICE", "") != "cpu":
+    def _pick_device(self, name: str) -> torch.device:
+        """`run.device`: "cpu" is the CPU, "auto" the GPU `LOCAL_RANK` when CUDA is available;
+        any "cuda…" is this rank's GPU `LOCAL_RANK` (each rank has its own)."""
+        if name != "cpu" and (name != "auto" or torch.cuda.is_available()):
             device = torch.device("cuda", self.roles.local_rank)
             torch.cuda.set_device(device)
             return device
@@ -248,7 +247,7 @@ class Session:
             if waited > self.timeouts.wait_s:
                 raise PeerFailed(
                     f"{self.roles.describe()} waited {waited:.0f} s for {what} "
-                    f"(DFLASH_TIMEOUT_S={self.timeouts.wait_s:.0f})"
+                    f"(split.timeout_s = {self.timeouts.wait_s:.0f})"
                 )
             time.sleep(delay)
             delay = min(max_poll_s, delay * 1.5)

@@ -27,6 +27,7 @@ import torch
 
 from trainer.config import TrainConfig, load_config
 from trainer.errors import TrainerError
+from trainer.split_rule import default_target_gpus
 
 if TYPE_CHECKING:
     from trainer.data import Batch
@@ -165,14 +166,19 @@ def measure_rates(
 
 
 def report(rates: Rates, gpus: int) -> dict:
+    """Every split's prediction, the best one, and the default split (what `[job] target_gpus
+    = 0` runs: `trainer.split_rule`) so that the two can be compared."""
     splits = predict(rates, gpus)
     best = max(splits, key=lambda s: s.tokens_per_s) if splits else None
+    targets = default_target_gpus(gpus)
+    default = next((s for s in splits if s.targets == targets), None)
     return {
         "gpus": gpus,
         "rates": asdict(rates),
         "colocated_tokens_per_s": colocated(rates),
         "splits": [asdict(s) for s in splits],
         "best": asdict(best) if best else None,
+        "default": asdict(default) if default else None,
     }
 
 
@@ -187,9 +193,14 @@ def format_report(r: dict) -> str:
         "",
         f"{'targets':>7} {'drafters':>8} {'tok/s':>12}  bound by",
     ]
-    best = r["best"]
+    best, default = r["best"], r.get("default")
     for s in r["splits"]:
-        mark = "  <- best" if best and s["targets"] == best["targets"] else ""
+        marks = [
+            name
+            for name, split in (("best", best), ("default", default))
+            if split and s["targets"] == split["targets"]
+        ]
+        mark = f"  <- {', '.join(marks)}" if marks else ""
         lines.append(
             f"{s['targets']:>7} {s['drafters']:>8} {s['tokens_per_s']:>12,.0f}  {s['bound_by']}{mark}"
         )

@@ -40,7 +40,16 @@ import torch
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
 from trainer.data import BatchStream, DataPosition, load_data, repeat_note
-from trainer.distributed import DRAFTER, TARGET, PeerFailed, Roles, Session, TerminationWatch
+from trainer.distributed import (
+    DRAFTER,
+    TARGET,
+    PeerFailed,
+    Roles,
+    Session,
+    TerminationWatch,
+    Timeouts,
+)
+from trainer.evaluate import split_holdout
 from trainer.exchange import DrafterEndpoint, TargetEndpoint, share_frozen
 from trainer.metrics import RankStats, RoleMetrics
 from trainer.model import shape_from_target
@@ -165,7 +174,9 @@ def run_split(
     stop = stop or StopRequest()
     stop.begin()  # the ranks agree on a stop at a step: a signal during start-up waits for it
     watch = TerminationWatch(roles, stop)
-    session = session or Session(roles)
+    session = session or Session(
+        roles, timeouts=Timeouts.of(config.split), device=config.run.device
+    )
     watch.session = session
     session.start_watchdog()
     emit(f"{roles.describe()} on {session.device} ({session.backend})")
@@ -229,8 +240,9 @@ def _run_target(
     roles, store = session.roles, session.store
     torch.manual_seed(config.run.seed)
     target = loader(config, session.device)
+    samples, _ = split_holdout(load_data(config, out_dir, emit=emit), config.data.holdout)
     stream = BatchStream(
-        load_data(config, out_dir, emit=emit),
+        samples,
         config.data,
         block_size=config.model.block_size,
         seed=config.run.seed,
@@ -255,7 +267,7 @@ def _run_target(
     first = json.loads(session.wait_get("data", what="target rank 0"))["first"]
     worker = TargetWorker(target)
     endpoint = TargetEndpoint(
-        session, max_in_flight=_max_in_flight(), has_last=config.loss.kl_weight > 0
+        session, max_in_flight=config.split.max_in_flight, has_last=config.loss.kl_weight > 0
     )
     stats = RankStats(session)
     produced: list[int] = []
@@ -293,13 +305,6 @@ def _run_target(
     stats.publish(force=True)
     emit(f"{roles.describe()} done: produced {len(produced)} batches")
     return {"rank": roles.rank, "role": TARGET, "batches": len(produced), "indices": produced}
-
-
-def _max_in_flight() -> int:
-    import os
-
-    raw = os.environ.get("DFLASH_MAX_IN_FLIGHT", "")
-    return int(raw) if raw.strip() else 2
 
 
 # ---- drafter ranks ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from dflash_ops.cli.options import AcceptKeyOption, CtOption, HostOption, PortOp
 from dflash_ops.config import DEFAULT_CONFIG_NAME, Target
 from dflash_ops.errors import ConfigError, DflashError
 from dflash_ops.workspace import open_place
+from trainer.split_rule import default_target_gpus
 
 app = typer.Typer()
 
@@ -96,7 +97,7 @@ def init_command(
         data=data,
     )
     init_lib.write(path, init_lib.render(plan), force=force)
-    split = init_lib.suggest_split(gpus.count)
+    split = default_target_gpus(gpus.count)
     output.success(
         f"Wrote {path}: {place_kind} place, {gpus.count} GPU(s)"
         + (f", {split} for the target model" if split else "")

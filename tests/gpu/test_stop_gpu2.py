@@ -16,7 +16,9 @@ pytestmark = pytest.mark.gpu2
 
 def test_split_stop_on_two_gpus(tmp_path, split_assets) -> None:  # noqa: F811
     steps = 10
-    out, n, ranks = split_stop_and_resume(tmp_path, split_assets, procs=2, targets=1, steps=steps)
+    out, n, ranks = split_stop_and_resume(
+        tmp_path, split_assets, procs=2, targets=1, steps=steps, device="cuda"
+    )
     trained = [i for r in ranks if r["role"] == "drafter" for i in r["indices"]]
     assert trained == list(range(steps))
     assert [r["step"] for r in rows(out)] == list(range(1, steps + 1))
