@@ -164,7 +164,7 @@ if [ "$run" = 1 ]; then
   line=$(dflash_job_start "$@") || fail $?
   say started "$line"
 fi
-say step done
+say step 'done'
 }
 # The steps run as a job of their own (job control: their own process group), which
 # `dflash_watch` can end whole; this shell only waits for it and passes its status on.

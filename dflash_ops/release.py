@@ -104,7 +104,7 @@ _PUSH_AND_SWITCH = FUNCTIONS + (
 # For every complete release: id, size in bytes, RELEASE.json squeezed onto one line; NUL-ended.
 _DESCRIBE = (
     '[ -d "$1/releases" ] || exit 0\n'
-    'cd -- "$1/releases"\n'
+    'cd -- "$1/releases" || exit 0\n'
     "for d in *; do\n"
     f'  [ -f "$d/{COMPLETE}" ] || continue\n'
     '  size=$(du -sb -- "$d" | cut -f1)\n'
