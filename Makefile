@@ -38,4 +38,4 @@ lint: setup system-deps
 	$(BIN)/python scripts/shellcheck-remote.py
 
 clean:
-	rm -rf $(VENV) .dflash .pytest_cache
+	rm -rf $(VENV) .dflash .pytest_cache .mypy_cache
