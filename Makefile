@@ -1,5 +1,6 @@
 # `make run`: set up .venv and train the tiny demo drafter on this machine, in tmux, then follow its log.
 # `make test`: set up .venv (and the system tools the tests use) and run the whole suite.
+# `make lint`: ruff (lint and format), mypy, and shellcheck on the bash sent to places.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -30,8 +31,11 @@ test: setup system-deps
 gpu-test: setup
 	$(BIN)/python -m pytest -q -m "gpu or gpu2" tests/gpu
 
-lint: setup
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+lint: setup system-deps
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/python scripts/shellcheck-remote.py
 
 clean:
-	rm -rf $(VENV) .dflash .pytest_cache
+	rm -rf $(VENV) .dflash .pytest_cache .mypy_cache

@@ -48,7 +48,7 @@ _REMOVE_ARCHIVED = (
     'parent=$(realpath -e -- "${entry%/*}/") || refuse "its folder does not resolve"\n'
     '[ "$parent" = "$arch" ] || refuse "it is not directly inside $arch/"\n'
     '{ [ -d "$arch/$name" ] && [ ! -L "$arch/$name" ]; } || refuse "it is not a run folder"\n'
-    'rm -rf -- "$arch/$name"\n'
+    'rm -rf -- "${arch:?}/$name"\n'
 )
 
 # Archiving as a bash function (values as positional arguments): `Checkpoints.archive` runs it as

@@ -361,7 +361,7 @@ def check_model(setup: Setup, place: Place, _: Findings) -> Check:
     )
     if result.exit_code != 0:
         return failed(name, f"target model folder: {last_line(result.stderr_text)}", fix)
-    listing, _, text = result.stdout.partition(b"\0")
+    listing, _nul, text = result.stdout.partition(b"\0")
     files = listing.decode("utf-8", "replace").split()
     try:
         config = json.loads(text.decode("utf-8", "replace"))

@@ -164,7 +164,7 @@ if [ "$run" = 1 ]; then
   line=$(dflash_job_start "$@") || fail $?
   say started "$line"
 fi
-say step done
+say step 'done'
 }
 # The steps run as a job of their own (job control: their own process group), which
 # `dflash_watch` can end whole; this shell only waits for it and passes its status on. Job
@@ -339,8 +339,8 @@ def _error(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError:
     step, stderr = outcome.step, outcome.stderr
     where = plan.releases.place.description
     if step in ("tmux", "python") and outcome.exit_code == _PREFLIGHT:
-        code, _, out = (outcome.fact(step) or "").partition(" ")
-        result = Result((step,), int(code) if code.isdigit() else outcome.exit_code,
+        said, _, out = (outcome.fact(step) or "").partition(" ")
+        result = Result((step,), int(said) if said.isdigit() else outcome.exit_code,
                         out.encode(), stderr.encode())  # fmt: skip
         if step == "tmux":
             check = judge_tmux(plan.setup, where, result)

@@ -78,6 +78,7 @@ dflash_group_alive() {  # $1 a process group: 0 while a live member is left (zom
   local f s pg=$1
   for f in /proc/[0-9]*/stat; do
     { read -r s < "$f"; } 2>/dev/null || continue; s=${s##*) }
+    # shellcheck disable=SC2086  # split into the stat fields (state, ppid, pgrp, ...)
     set -- $s; [ "$1" != Z ] && [ "$3" = "$pg" ] && return 0
   done
   return 1

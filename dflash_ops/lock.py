@@ -85,7 +85,9 @@ dflash_proc_start() {  # $1 a pid: "BOOT_ID START_TICKS" of that process; fails 
   local s boot
   { read -r s < "/proc/$1/stat"; } 2>/dev/null || return 1
   { read -r boot < /proc/sys/kernel/random/boot_id; } 2>/dev/null || boot=-
-  s=${s##*) }; set -- $s
+  s=${s##*) }
+  # shellcheck disable=SC2086  # split into the stat fields (state, ppid, pgrp, ...)
+  set -- $s
   [ "$1" != Z ] || return 1
   printf '%s %s\n' "$boot" "${20}"
 }

@@ -13,6 +13,7 @@ therefore leaves the previous `current` untouched; the next deploy removes its `
 
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 import getpass
 import io
@@ -103,7 +104,7 @@ _PUSH_AND_SWITCH = FUNCTIONS + (
 # For every complete release: id, size in bytes, RELEASE.json squeezed onto one line; NUL-ended.
 _DESCRIBE = (
     '[ -d "$1/releases" ] || exit 0\n'
-    'cd -- "$1/releases"\n'
+    'cd -- "$1/releases" || exit 0\n'
     "for d in *; do\n"
     f'  [ -f "$d/{COMPLETE}" ] || continue\n'
     '  size=$(du -sb -- "$d" | cut -f1)\n'
@@ -296,7 +297,7 @@ class Releases:
         """The complete releases (with their marker), oldest first."""
         return [info.release_id for info in self.describe()]
 
-    def describe(self) -> list[ReleaseInfo]:
+    def describe(self) -> builtins.list[ReleaseInfo]:  # `list` here is the method above
         """Every complete release with its size and RELEASE.json, oldest first."""
         result = self.place.run(["bash", "-c", _DESCRIBE, "dflash-releases", self.root])
         current = self.current()

@@ -42,7 +42,13 @@ KEYS = (
     "hashknownhosts",
     "connecttimeout",
 )
-DEFAULT_IDENTITIES = ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk")
+DEFAULT_IDENTITIES: tuple[str, ...] = (
+    "id_rsa",
+    "id_ecdsa",
+    "id_ecdsa_sk",
+    "id_ed25519",
+    "id_ed25519_sk",
+)
 DEFAULT_IDENTITIES += ("id_xmss", "id_dsa")
 SYSTEM_CONFIG = Path("/etc/ssh/ssh_config")
 _MAX_INCLUDE_DEPTH = 16
@@ -327,8 +333,8 @@ def _finish(state: _State, request: Request) -> dict[str, list[str]]:
         "userknownhostsfile": ["~/.ssh/known_hosts", "~/.ssh/known_hosts2"],
         "globalknownhostsfile": ["/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2"],
     }
-    for key, default in defaults.items():
-        files = values.get(key) or default
+    for key, fallback in defaults.items():
+        files = values.get(key) or fallback
         out[key] = [
             ssh_tokens.expand(ssh_tokens.expand_tilde(f, request.home), tokens, where=key)
             for f in files

@@ -309,13 +309,15 @@ def _handshake(
             target.hostname,
             port=target.port,
             username=target.user,
-            key_filename=key_files or None,
+            # paramiko takes a list of files too; its stubs say only `str`
+            key_filename=key_files or None,  # type: ignore[arg-type]
             allow_agent=use_agent,
             look_for_keys=False,  # the default keys are in identity_files already, as in ssh
             timeout=target.connect_timeout,
             banner_timeout=target.connect_timeout,
             auth_timeout=target.connect_timeout,
-            sock=sock,
+            # paramiko takes any socket-like object; its stubs list only concrete classes
+            sock=sock,  # type: ignore[arg-type]
             transport_factory=_transport_factory(known_types),
         )
     except (HostKeyUnknown, HostKeyChanged, HostKeyRevoked):
@@ -351,8 +353,8 @@ def _failure(
         or transport is None
         or not transport.is_active()
     ):
-        said = "during the SSH handshake" if received else "before saying anything"
-        return ConnectionDropped(f"{where} closed the connection {said} ({_dropped(exc)})")
+        when = "during the SSH handshake" if received else "before saying anything"
+        return ConnectionDropped(f"{where} closed the connection {when} ({_dropped(exc)})")
     key_files, use_agent = offered
     if isinstance(exc, paramiko.PasswordRequiredException):
         return AuthenticationFailed(

@@ -18,6 +18,7 @@ Commands never get a pty: bytes on stdin/stdout must pass unchanged.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -26,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Protocol, runtime_checkable
+from typing import IO, TYPE_CHECKING, BinaryIO, Protocol, runtime_checkable
 
 from dflash_ops import shell
 from dflash_ops.errors import CommandTimedOut, ConnectionFailed
@@ -161,6 +162,13 @@ def _chunks_of(stdin: Stdin) -> Iterator[bytes]:
         yield chunk
 
 
+def _pipe(stream: IO[bytes] | None) -> io.BufferedReader:
+    """One of Popen's pipes as what it is (a buffered reader, whose `read1` returns what has
+    arrived rather than waiting for a full chunk)."""
+    assert isinstance(stream, io.BufferedReader)
+    return stream
+
+
 class _Collector(threading.Thread):
     """Reads a stream to its end in the background (so two pipes never block each other)."""
 
@@ -229,8 +237,8 @@ class LocalTransport:
         proc = self._spawn(args, subprocess.PIPE)
         if proc is None:
             return Result(args, 127, b"", f"{args[0]}: command not found\n".encode())
-        assert proc.stdin and proc.stdout and proc.stderr
-        out, err = _Collector(proc.stdout.read1), _Collector(proc.stderr.read1)
+        assert proc.stdin
+        out, err = _Collector(_pipe(proc.stdout).read1), _Collector(_pipe(proc.stderr).read1)
         out.start()
         err.start()
         writer = threading.Thread(target=self._feed, args=(proc, stdin), daemon=True)
@@ -274,9 +282,8 @@ class LocalTransport:
         if proc is None:
             missing = f"{args[0]}: command not found\n".encode()
             return StreamResult(args, iter(()), lambda: (127, missing), lambda: None)
-        assert proc.stdout and proc.stderr
-        stdout = proc.stdout
-        err = _Collector(proc.stderr.read1)
+        stdout = _pipe(proc.stdout)
+        err = _Collector(_pipe(proc.stderr).read1)
         err.start()
 
         def chunks() -> Iterator[bytes]:

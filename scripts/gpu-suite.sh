@@ -6,7 +6,7 @@
 # Wheels in .whl/ (peers for the benchmarks, or packages the machine lacks) are installed into a
 # private folder first, so a machine without network can run it.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit
 what=${1:-all}
 out=${OUT:-gpu-results}
 mkdir -p "$out"
@@ -36,4 +36,4 @@ if [ "$what" = profile ] || [ "$what" = all ]; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi
-exit $status
+exit "$status"

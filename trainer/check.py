@@ -33,7 +33,12 @@ from trainer.fidelity import check_target_supported
 
 # Target families whose layer shape the drafter copies (config.json `model_type`).
 SUPPORTED_FAMILIES = ("qwen3", "qwen2", "llama", "mistral")
-_SHAPE_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size")
+_SHAPE_KEYS: tuple[str, ...] = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "intermediate_size",
+)
 _SHAPE_KEYS += ("vocab_size",)
 DEFAULT_LINES = 20
 

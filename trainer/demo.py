@@ -17,11 +17,15 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from trainer.config import DemoConfig
 from trainer.data import Sample, write_samples
+
+if TYPE_CHECKING:  # transformers loads only when the demo is built
+    from transformers import Qwen3ForCausalLM
 
 SPECIAL_TOKENS = ["<|pad|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 CHAT_TEMPLATE = (
@@ -50,7 +54,7 @@ def build_tokenizer(folder: str | Path) -> None:
     fast.save_pretrained(str(folder))
 
 
-def build_target(folder: str | Path, config: DemoConfig) -> torch.nn.Module:
+def build_target(folder: str | Path, config: DemoConfig) -> Qwen3ForCausalLM:
     """A random tiny Qwen3 saved with `save_pretrained` (float32)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -74,7 +78,7 @@ def build_target(folder: str | Path, config: DemoConfig) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def generate_samples(model: torch.nn.Module, config: DemoConfig) -> list[Sample]:
+def generate_samples(model: Qwen3ForCausalLM, config: DemoConfig) -> list[Sample]:
     """Greedy continuations of random byte prompts; loss on the continuation."""
     gen = torch.Generator().manual_seed(config.seed + 1)
     prompts = torch.randint(0, 256, (config.num_samples, config.prompt_len), generator=gen)

@@ -184,9 +184,9 @@ class Session:
         self.device = self._pick_device(device)
         self.backend = "nccl" if self.device.type == "cuda" else "gloo"
         timeout = timedelta(seconds=self.timeouts.wait_s)
-        kwargs = {"device_id": self.device} if self.device.type == "cuda" else {}
+        device_id = self.device if self.device.type == "cuda" else None
         if not dist.is_initialized():
-            dist.init_process_group(self.backend, timeout=timeout, **kwargs)
+            dist.init_process_group(self.backend, timeout=timeout, device_id=device_id)
         # every rank must call new_group, members or not
         self.drafter_group = dist.new_group(roles.drafter_ranks, timeout=timeout)
         self.store = self._store()

@@ -439,8 +439,11 @@ def compare(
 # ---- during training --------------------------------------------------------------------------
 
 
-def split_holdout(samples: list[Sample], holdout: int) -> tuple[list[Sample], list[Sample]]:
-    """(trained on, held out): the last `holdout` samples are kept out of training."""
+def split_holdout(
+    samples: Sequence[Sample], holdout: int
+) -> tuple[Sequence[Sample], Sequence[Sample]]:
+    """(trained on, held out): the last `holdout` samples are kept out of training (slices: a
+    shard view stays a view)."""
     if holdout >= len(samples):
         raise TrainConfigError(
             "data.holdout", f"{holdout} would leave none of the {len(samples)} samples to train on"

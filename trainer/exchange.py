@@ -185,11 +185,14 @@ class TargetEndpoint:
                 continue
             out.drafter = int(self.s.store.get(key))
             if self.side is not None:
+                assert (
+                    out.ready is not None
+                )  # recorded with every batch while there is a side stream
                 with torch.cuda.stream(self.side):
                     self.side.wait_event(out.ready)
-                    out.works = [dist.isend(t, dst=out.drafter) for t in out.tensors]
+                    out.works = [_p2p(dist.isend(t, dst=out.drafter)) for t in out.tensors]
             else:
-                out.works = [dist.isend(t, dst=out.drafter) for t in out.tensors]
+                out.works = [_p2p(dist.isend(t, dst=out.drafter)) for t in out.tensors]
             if self.s.backend != "nccl":  # gloo completes only in wait(); the drafter is receiving
                 for w in out.works:
                     self.s.wait_work(
@@ -301,7 +304,7 @@ class DrafterEndpoint:
             bufs.append(torch.empty(h.bsz, h.seq_len, h.hidden, dtype=dtype, device=self.device))
         bufs.append(torch.empty(h.ints_numel, dtype=torch.long, device=self.device))
         c.header, c.buffers = h, bufs
-        c.works = [dist.irecv(t, src=h.target) for t in bufs]
+        c.works = [_p2p(dist.irecv(t, src=h.target)) for t in bufs]
         return True
 
     def complete(self, c: Claim) -> tuple[Features, Header, float]:
@@ -355,7 +358,9 @@ def share_frozen(
         meta = {k: [list(t.shape), str(t.dtype).removeprefix("torch.")] for k, t in tensors.items()}
         session.store.set("frozen", json.dumps(meta))
         works = [
-            dist.isend(t.contiguous(), dst=d) for d in roles.drafter_ranks for t in tensors.values()
+            _p2p(dist.isend(t.contiguous(), dst=d))
+            for d in roles.drafter_ranks
+            for t in tensors.values()
         ]
         for w in works:
             session.wait_work(w, what="the drafters to receive the frozen embedding/lm_head")
@@ -368,5 +373,13 @@ def share_frozen(
         for k, (shape, dtype) in meta.items()
     }
     for t in out.values():
-        session.wait_work(dist.irecv(t, src=0), what="the frozen embedding/lm_head from rank 0")
+        session.wait_work(
+            _p2p(dist.irecv(t, src=0)), what="the frozen embedding/lm_head from rank 0"
+        )
     return out
+
+
+def _p2p(work: dist.Work | None) -> dist.Work:
+    """`isend`/`irecv`'s handle: None only for a rank outside the default group, never here."""
+    assert work is not None
+    return work

@@ -259,7 +259,7 @@ class _DFlashLoss(torch.autograd.Function):
     """Forward computes the loss terms and the gradients; backward scales them (see module doc)."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden: Tensor,
         weight: Tensor,

@@ -125,7 +125,7 @@ def row_stats(
     idx = torch.empty(r, split, device=z.device, dtype=torch.int32)
     best = torch.empty(r, split, device=z.device, dtype=torch.float32)
     has_t = zt is not None
-    zt_arg = zt if has_t else z
+    zt_arg = z if zt is None else zt
     with torch.cuda.device(z.device):  # Triton launches on the current device's stream
         _stats_kernel[(r, split)](
             z,
@@ -170,10 +170,13 @@ def logit_grad(
     """Same result as `trainer.loss._logit_grad`, written over z in place (z is returned)."""
     r, vocab = z.shape
     has_t = zt is not None
-    zt_arg = zt if has_t else z
+    zt_arg, lse_t_arg, c_arg = z, lse, a
+    if zt is not None:  # a teacher: its lse and KL weights come with it
+        assert lse_t is not None and c is not None
+        zt_arg, lse_t_arg, c_arg = zt, lse_t, c
     f32 = torch.float32
-    lse_t_arg = (lse_t if has_t else lse).to(f32).contiguous()
-    c_arg = (c if has_t else a).to(f32).contiguous()
+    lse_t_arg = lse_t_arg.to(f32).contiguous()
+    c_arg = c_arg.to(f32).contiguous()
     with torch.cuda.device(z.device):  # Triton launches on the current device's stream
         _grad_kernel[(r, triton.cdiv(vocab, BLOCK))](
             z,

@@ -23,7 +23,7 @@ bias, plain RoPE) may be served differently, and the exporter refuses those that
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -253,12 +253,16 @@ class Drafter(nn.Module):
         tokens[:, :, 0] = first
         return tokens
 
+    def drafter_layers(self) -> list[DrafterLayer]:
+        """The layers as what they are (`nn.ModuleList` hands out plain modules)."""
+        return [cast(DrafterLayer, layer) for layer in self.layers]
+
     def build_masks(
         self, anchors: Tensor, valid: Tensor, context_len: int
     ) -> dict[bool, DraftMask]:
         """One mask per layer kind (full / sliding), shared by all layers of that kind."""
         s = self.shape
-        kinds = {layer.sliding for layer in self.layers}
+        kinds = {layer.sliding for layer in self.drafter_layers()}
         return {
             sliding: build_draft_mask(
                 anchors,
@@ -299,6 +303,6 @@ class Drafter(nn.Module):
         rope_k = rope_cos_sin(torch.cat([ctx_pos, blk_pos], dim=1), s.head_dim, s.rope)
         masks = self.build_masks(anchors, valid, seq)
         with compile_errors_as_typed("A drafter layer"):
-            for layer in self.layers:
+            for layer in self.drafter_layers():
                 x = layer(x, ctx, rope_q, rope_k, masks[layer.sliding])
         return self.norm(x).reshape(bsz, n, s.block_size, -1)  # (Bsz, N, B, H)

@@ -125,7 +125,7 @@ class TauProbe:
 
     @classmethod
     def from_config(
-        cls, config: Any, target: Target, held_out: list[Sample], trained: Sequence[Sample] = ()
+        cls, config: Any, target: Target, held_out: Sequence[Sample], trained: Sequence[Sample] = ()
     ) -> TauProbe | None:
         """None when `eval.every` is 0; prompts from `eval.prompts`, else the held-out samples;
         training prompts spread over `trained`."""

@@ -25,7 +25,7 @@ import re
 import struct
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -214,7 +214,13 @@ class ShardSamples(Sequence["Sample"]):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+    @overload
+    def __getitem__(self, i: int) -> Sample: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> ShardSamples: ...
+
+    def __getitem__(self, i: int | slice) -> Sample | ShardSamples:
         if isinstance(i, slice):
             return ShardSamples(self.source, max_len=self.max_len, rows=self.rows[i])
         from trainer.data import Sample

@@ -346,7 +346,7 @@ def _run_drafter(
     if state:
         worker.load_state_dict(state["worker"])
         torch.set_rng_state(state["rng"]["cpu"].cpu())
-        if lead:
+        if lead and found.path is not None:  # a state was loaded from it
             emit(f"resumed from {found.path.name} (step {step})")
         if changes:
             apply_schedule(worker, config, step, changes, say)

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from trainer.config import TrainConfigError
+
+if TYPE_CHECKING:  # transformers loads only with the target
+    from transformers import PreTrainedModel
 
 
 def default_target_layers(num_layers: int, count: int = 5) -> list[int]:
@@ -40,7 +43,7 @@ class Target:
     """A frozen causal LM. `embed_weight` and `lm_head_weight` are shared (frozen) with the
     drafter and the loss."""
 
-    def __init__(self, model: nn.Module, layers: list[int]) -> None:
+    def __init__(self, model: PreTrainedModel, layers: list[int]) -> None:
         self.model = model
         self.config = model.config
         num_layers = self.config.num_hidden_layers
@@ -58,11 +61,11 @@ class Target:
 
     @property
     def embed_weight(self) -> torch.Tensor:
-        return self.model.get_input_embeddings().weight  # (V, H)
+        return _weight(self.model.get_input_embeddings())  # (V, H)
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
-        return self.model.get_output_embeddings().weight  # (V, H)
+        return _weight(self.model.get_output_embeddings())  # (V, H)
 
     @property
     def device(self) -> torch.device:
@@ -94,6 +97,7 @@ def load_target(
 
     device = torch.device(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model: PreTrainedModel
     if hasattr(folder, "to_dict") and not isinstance(folder, str | Path):
         model = _random_model(folder, device=device, dtype=dtype, seed=seed)
     else:
@@ -105,14 +109,24 @@ def load_target(
         model = AutoModelForCausalLM.from_pretrained(
             str(folder), dtype=dtype, local_files_only=True
         )
-    model.to(device).eval()
+    # transformers wraps `to` in a decorator whose typing loses the bound `self`
+    model.to(device).eval()  # type: ignore[arg-type]
     model.requires_grad_(False)
     if layers is None:
         layers = default_target_layers(model.config.num_hidden_layers, num_layers)
     return Target(model, layers)
 
 
-def _random_model(config: Any, *, device: torch.device, dtype: torch.dtype, seed: int) -> nn.Module:
+def _weight(layer: nn.Module | None) -> torch.Tensor:
+    """The weight of an embedding or output head (a parameter; `nn.Module`'s typing cannot say)."""
+    weight = getattr(layer, "weight", None)
+    assert isinstance(weight, torch.Tensor)
+    return weight
+
+
+def _random_model(
+    config: Any, *, device: torch.device, dtype: torch.dtype, seed: int
+) -> PreTrainedModel:
     """Random weights built on `device` in `dtype` (no fp32 copy on the CPU first)."""
     from transformers import AutoModelForCausalLM
 

@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             from trainer.distributed import roles_from_env
             from trainer.split import run_split
 
-            run_split(config, args.out, roles_from_env(), force_resume=force, stop=stop)
+            roles = roles_from_env()  # reads the same WORLD_SIZE as `split`: never None here
+            assert roles is not None
+            run_split(config, args.out, roles, force_resume=force, stop=stop)
         else:
             from trainer.trainer import Trainer
 

@@ -152,7 +152,7 @@ class Trainer:
         """Train up to step `until` (default: run.steps); returns this call's step results."""
         run = self.config.run
         until = run.steps if until is None else min(until, run.steps)
-        results = []
+        results: list[StepResult] = []
         saved: Path | None = None
         if self.stop is not None:
             self.stop.begin()

@@ -115,7 +115,7 @@ def _gpus(target: Target, *, accept_new_host_key: bool) -> init_lib.GpuInfo:
     """The place's GPUs; when the place cannot be asked, 0 with a warning saying why."""
     place = open_place(target, accept_new_host_key=accept_new_host_key)
     try:
-        place.ensure_ready()  # type: ignore[attr-defined]
+        place.ensure_ready()
         return init_lib.count_gpus(place)
     except DflashError as exc:
         output.warn(f"Could not read the GPU count from {target.describe()}: {exc}")
@@ -123,4 +123,4 @@ def _gpus(target: Target, *, accept_new_host_key: bool) -> init_lib.GpuInfo:
             output.info(f"hint: {exc.hint}")
         return init_lib.GpuInfo(count=0, note=f"could not ask {target.describe()}")
     finally:
-        place.close()  # type: ignore[attr-defined]
+        place.close()

@@ -65,7 +65,7 @@ def releases(
         mark = "*" if row["current"] else " "
         output.out.print(
             f"{mark} {row['id']}  {row['created'] or '-':<25}  {row['size']:>12,}  "
-            f"{escape(row['revision'])}"
+            f"{escape(str(row['revision']))}"
         )
 
 
