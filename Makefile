@@ -1,5 +1,5 @@
 # `make run`: set up .venv and train the tiny demo drafter on this machine, in tmux, then follow its log.
-# `make test`: set up .venv (and the system tools the tests use) and run the whole suite.
+# `make test`: set up .venv (and the system tools the tests use), ruff, mypy, and the whole suite.
 # `make lint`: ruff (lint and format), mypy, and shellcheck on the bash sent to places.
 PYTHON ?= python3
 VENV := .venv
@@ -26,6 +26,7 @@ run: setup system-deps
 
 test: setup system-deps
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 gpu-test: setup
