@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,3 +80,33 @@ def dflash(project: Path, *args: str, timeout: float = 90) -> subprocess.Complet
 
 def kill_tmux_server(socket: str) -> None:
     subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+
+
+def remote_where(request: Any, tmp_path: Path, ct: int) -> Iterator[Where]:
+    """A project folder and the remote place of `request.param`: "ssh" (the sshd fixture's
+    `testbox`, a `[targets.box]` entry) or "proxmox" (container `ct` of the `pct` stand-in,
+    created here). The body of the modules' parametrised `remote` fixtures."""
+    project = tmp_path / "project"
+    project.mkdir()
+    sock = f"dft-{uuid.uuid4().hex[:10]}"
+    if request.param == "ssh":
+        root, ckpt = tmp_path / "root", tmp_path / "ckpt"
+        where = Where("ssh", project, ["--target", "box"], root, ckpt, sock)
+        where.targets = (
+            f'[targets.box]\nplace = "ssh"\nhost = "testbox"\n'
+            f'root = "{root}"\ncheckpoints = "{ckpt}"\n'
+        )
+    else:
+        proxmox = request.getfixturevalue("proxmox")
+        proxmox.create(ct)
+        where = Where(
+            "proxmox",
+            project,
+            ["--host", proxmox.alias, "--ct", str(ct)],
+            proxmox.root_dir(ct) / "dflash",
+            proxmox.workspace_dir(ct) / "checkpoints",
+            sock,
+        )
+    yield where
+    if request.param == "ssh":
+        kill_tmux_server(sock)

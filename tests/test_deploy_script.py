@@ -29,7 +29,7 @@ from dflash_ops.lock import LOCK_NAME
 from dflash_ops.operations import launch_argv
 from dflash_ops.release import build_bundle, new_release_id
 from dflash_ops.workspace import Workspace
-from tests.cli_helpers import Where, kill_tmux_server
+from tests.cli_helpers import Where, kill_tmux_server, remote_where
 
 CT = 210
 
@@ -42,30 +42,7 @@ def sessions(sshd) -> tuple[int, int]:  # type: ignore[no-untyped-def]
 
 @pytest.fixture(params=["ssh", "proxmox"])
 def remote(request: pytest.FixtureRequest, tmp_path: Path, ssh_home: object) -> Iterator[Where]:
-    project = tmp_path / "project"
-    project.mkdir()
-    sock = f"dft-{uuid.uuid4().hex[:10]}"
-    if request.param == "ssh":
-        root, ckpt = tmp_path / "root", tmp_path / "ckpt"
-        where = Where("ssh", project, ["--target", "box"], root, ckpt, sock)
-        where.targets = (
-            f'[targets.box]\nplace = "ssh"\nhost = "testbox"\n'
-            f'root = "{root}"\ncheckpoints = "{ckpt}"\n'
-        )
-    else:
-        proxmox = request.getfixturevalue("proxmox")
-        proxmox.create(CT)
-        where = Where(
-            "proxmox",
-            project,
-            ["--host", proxmox.alias, "--ct", str(CT)],
-            proxmox.root_dir(CT) / "dflash",
-            proxmox.workspace_dir(CT) / "checkpoints",
-            sock,
-        )
-    yield where
-    if request.param == "ssh":
-        kill_tmux_server(sock)
+    yield from remote_where(request, tmp_path, CT)
 
 
 def deploy_counted(

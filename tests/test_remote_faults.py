@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from dflash_ops.lock import LOCK_NAME
-from tests.cli_helpers import REPO, Where, kill_tmux_server
+from tests.cli_helpers import REPO, Where, kill_tmux_server, remote_where
 
 CT = 246
 # Logs each SIGINT and carries on: only the SIGTERM after `stop_timeout` (3 s) ends it.
@@ -35,25 +35,7 @@ STUBBORN = "trap 'echo got-int' INT; echo up; while :; do sleep 0.1; done"
 
 @pytest.fixture(params=["ssh", "proxmox"])
 def remote(request: pytest.FixtureRequest, tmp_path: Path, ssh_home: object) -> Iterator[Where]:
-    project = tmp_path / "project"
-    project.mkdir()
-    sock = f"dft-{uuid.uuid4().hex[:10]}"
-    if request.param == "ssh":
-        root, ckpt = tmp_path / "root", tmp_path / "ckpt"
-        where = Where("ssh", project, ["--target", "box"], root, ckpt, sock)
-        where.targets = (
-            f'[targets.box]\nplace = "ssh"\nhost = "testbox"\n'
-            f'root = "{root}"\ncheckpoints = "{ckpt}"\n'
-        )
-    else:
-        proxmox = request.getfixturevalue("proxmox")
-        proxmox.create(CT)
-        where = Where("proxmox", project, ["--host", proxmox.alias, "--ct", str(CT)],
-                      proxmox.root_dir(CT) / "dflash", proxmox.workspace_dir(CT) / "checkpoints",
-                      sock)  # fmt: skip
-    yield where
-    if request.param == "ssh":
-        kill_tmux_server(sock)
+    yield from remote_where(request, tmp_path, CT)
 
 
 def wait_for(predicate, what: str, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
