@@ -111,42 +111,36 @@ def pick_eos(model: torch.nn.Module, prompts: list[list[int]], args: argparse.Na
     return min(counts, key=lambda t: (abs(counts[t] - want), t))
 
 
-def run_ours(model, prompts, batches, args, eos, device) -> tuple[list[list[int]], float]:  # type: ignore[no-untyped-def]
+def decode_ours(model, rows, args, eos, device) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """`trainer.decode`, as `trainer.generate` calls it."""
+    return decode_batch(model, rows, max_new_tokens=args.max_new_tokens, eos_ids={eos}, pad_id=0)
+
+
+def decode_hf(model, rows, args, eos, device) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """Plain `generate`: left padding, attention mask, greedy, the same end token."""
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows], device=device)
+    attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+    with torch.no_grad():
+        full = model.generate(
+            input_ids=ids, attention_mask=attn, do_sample=False,
+            max_new_tokens=args.max_new_tokens, eos_token_id=eos, pad_token_id=0,
+        )  # fmt: skip
+    return [row[: row.index(eos) + 1] if eos in row else row for row in full[:, width:].tolist()]
+
+
+def run_timed(decode, model, prompts, batches, args, eos, device) -> tuple[list[list[int]], float]:  # type: ignore[no-untyped-def]
+    """Answers of every prompt by `decode`, batch by batch, and the seconds of all batches but
+    the first (its warm-up)."""
     out: list[list[int]] = [[] for _ in prompts]
     start = 0.0
     for k, batch in enumerate(batches):
         if k == 1:
             sync(device)
             start = time.perf_counter()
-        got = decode_batch(
-            model, [prompts[i] for i in batch], max_new_tokens=args.max_new_tokens,
-            eos_ids={eos}, pad_id=0,
-        )  # fmt: skip
+        got = decode(model, [prompts[i] for i in batch], args, eos, device)
         for i, a in zip(batch, got, strict=True):
             out[i] = a
-    sync(device)
-    return out, time.perf_counter() - start
-
-
-def run_hf(model, prompts, batches, args, eos, device) -> tuple[list[list[int]], float]:  # type: ignore[no-untyped-def]
-    """Plain `generate`: left padding, attention mask, greedy, the same end token."""
-    out: list[list[int]] = [[] for _ in prompts]
-    start = 0.0
-    for k, batch in enumerate(batches):
-        if k == 1:
-            sync(device)
-            start = time.perf_counter()
-        rows = [prompts[i] for i in batch]
-        width = max(map(len, rows))
-        ids = torch.tensor([[0] * (width - len(r)) + r for r in rows], device=device)
-        attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
-        with torch.no_grad():
-            full = model.generate(
-                input_ids=ids, attention_mask=attn, do_sample=False,
-                max_new_tokens=args.max_new_tokens, eos_token_id=eos, pad_token_id=0,
-            )  # fmt: skip
-        for i, row in zip(batch, full[:, width:].tolist(), strict=True):
-            out[i] = row[: row.index(eos) + 1] if eos in row else row
     sync(device)
     return out, time.perf_counter() - start
 
@@ -226,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     timed = [i for b in batches[1:] for i in b]  # the first batch of each side warms up
     rows: list[dict[str, Any]] = []
     answers = {}
-    for name, fn in (("transformers generate", run_hf), ("trainer.decode", run_ours)):
-        got, seconds = fn(model, prompts, batches, args, eos, device)
+    for name, decode in (("transformers generate", decode_hf), ("trainer.decode", decode_ours)):
+        got, seconds = run_timed(decode, model, prompts, batches, args, eos, device)
         tokens = sum(len(got[i]) for i in timed)
         answers[name] = got
         rows.append({"engine": name, "answer_tokens": tokens, "seconds": seconds,
