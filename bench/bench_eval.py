@@ -2,7 +2,7 @@
 training prompts, beside prompt lookup on the same target and prompts.
 
     python bench/bench_eval.py                            # one H200; writes bench/results/h200-eval.json
-    python bench/bench_eval.py --samples 2048,20480 --out eval.json   # one drafter per data size
+    python bench/bench_eval.py --samples 65536 --out eval.json        # one point (< 10 min)
     python bench/bench_eval.py --reuse-target --train-data DIR        # data made elsewhere
     python bench/bench_eval.py --smoke --out /tmp/e.json  # tiny, CPU, checks the path
     python bench/bench_eval.py --demo-cpu --out demo.json # the demo drafter (trainer/configs/demo.toml)
@@ -21,7 +21,10 @@ GPU run, in order:
 5. prompt lookup (n-gram drafting, n = `--lookup-max-n`…1) on the held-out prompts, once (the
    target is fixed), with the target in fp32 (so that the lossless check is not at the mercy of
    bf16 rounding between forwards of different lengths);
-6. for each data size of `--samples` (a "point"): a drafter trained for `--drafter-steps` steps on
+6. the drafter's step time, measured on a short run of the same drafter (which also compiles
+   its kernels once for all points): each point trains for as many steps as fit
+   `--drafter-seconds` (or exactly `--drafter-steps`), the same for every point;
+7. for each data size of `--samples` (a "point"): a drafter trained for those steps on
    the first N samples with the project's trainer (`trainer.trainer`, its τ probe logging held-out
    and training-prompt τ), then `trainer.evaluate` on the held-out prompts and on prompts of
    its training samples; reported per point: `held_out.tau`, `baselines.prompt_lookup.tau`,
@@ -43,7 +46,7 @@ import shutil
 import sys
 import sysconfig
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -311,7 +314,10 @@ def lookup_baseline(
 # ---- the GPU run -----------------------------------------------------------------------------------
 
 
-def drafter_config(args: argparse.Namespace, work: Path, data: Path, device: torch.device) -> Any:
+def drafter_config(
+    args: argparse.Namespace, work: Path, data: Path, device: torch.device, steps: int = 1
+) -> Any:
+    """The drafter's training settings for `steps` steps on `data` (probe every steps/4)."""
     return config_from_dict(
         {
             "model": {
@@ -327,16 +333,16 @@ def drafter_config(args: argparse.Namespace, work: Path, data: Path, device: tor
                 "bucket": 128 if device.type == "cuda" else 32,
                 "noise": 0.02,
             },
-            "optim": {"lr": args.drafter_lr, "warmup_steps": max(1, args.drafter_steps // 20)},
+            "optim": {"lr": args.drafter_lr, "warmup_steps": max(1, steps // 20)},
             "run": {
-                "steps": args.drafter_steps,
+                "steps": steps,
                 "device": device.type,
                 "checkpoint_every": 0,
-                "log_every": max(1, args.drafter_steps // 20),
+                "log_every": max(1, steps // 20),
                 "threads": 1 if args.smoke else 0,
             },
             "eval": {
-                "every": max(1, args.drafter_steps // 4),
+                "every": max(1, steps // 4),
                 "prompts": str(work / "prompts.jsonl"),
                 "num_prompts": 4,
                 "train_prompts": 4,
@@ -352,8 +358,10 @@ def drafter_point(
     samples: list[Sample],
     held: dict[str, Any],
     device: torch.device,
+    steps: int,
 ) -> dict[str, Any]:
-    """Train a drafter on `samples` and measure it: held-out τ, training-prompt τ, epochs."""
+    """Train a drafter on `samples` for `steps` steps and measure it: held-out τ,
+    training-prompt τ, epochs."""
     from trainer.trainer import Trainer
 
     work = Path(args.work)
@@ -362,7 +370,7 @@ def drafter_point(
     run_dir = work / f"run-{len(samples)}"
     shutil.rmtree(run_dir, ignore_errors=True)  # a previous run's checkpoint would be resumed
     t0 = time.perf_counter()
-    trainer = Trainer(drafter_config(args, work, data, device), run_dir, emit=log)
+    trainer = Trainer(drafter_config(args, work, data, device, steps), run_dir, emit=log)
     results = trainer.run()
     train_s = time.perf_counter() - t0
     trained = trainer.stream.samples
@@ -384,12 +392,12 @@ def drafter_point(
     seen = measure(target, block, spread(trained, args.eval_prompts), args.max_new_tokens)
     return {
         "samples": len(trained),
-        "epochs": args.drafter_steps * args.drafter_batch / len(trained),
+        "epochs": steps * args.drafter_batch / len(trained),
         "held_out": held_out,
         "baselines": {"prompt_lookup": held["prompt_lookup"]},
         "train_prompts": seen,
         "drafter": {
-            "steps": args.drafter_steps,
+            "steps": steps,
             "layers": args.drafter_layers,
             "block_size": args.block_size,
             "final_loss": results[-1].loss,
@@ -398,6 +406,37 @@ def drafter_point(
             "eval_s": time.perf_counter() - t0,
         },
     }
+
+
+def drafter_steps(
+    args: argparse.Namespace, samples: list[Sample], device: torch.device
+) -> tuple[int, float | None]:
+    """(steps per point, seconds per step): `--drafter-steps` when given; otherwise as many as
+    fit `--drafter-seconds`, from the steady-state step time of a short run of the same drafter
+    on the same data (which also compiles what every point then reuses)."""
+    if args.drafter_steps:
+        return args.drafter_steps, None
+    from trainer.trainer import Trainer
+
+    work = Path(args.work)
+    data = work / "train-calibrate.jsonl"
+    write_samples(data, samples[: 64 * args.drafter_batch])
+    run_dir = work / "run-calibrate"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    warm, timed = (2, 3) if args.smoke else (15, 30)
+    config = drafter_config(args, work, data, device, steps=warm + timed)
+    trainer = Trainer(replace(config, eval=replace(config.eval, every=0)), run_dir, emit=log)
+    trainer.run(until=warm)
+    t0 = time.perf_counter()
+    trainer.run(until=warm + timed)
+    step_s = (time.perf_counter() - t0) / timed
+    del trainer
+    shutil.rmtree(run_dir, ignore_errors=True)
+    steps = max(1, int(args.drafter_seconds / step_s))
+    log(
+        f"drafter step {1e3 * step_s:.1f} ms: {steps} steps per point ({args.drafter_seconds:.0f} s)"
+    )
+    return steps, step_s
 
 
 def target_and_tokenizer(
@@ -442,6 +481,10 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
     log(f"training data: {len(samples):,} samples")
 
     t0 = time.perf_counter()
+    steps, step_s = drafter_steps(args, samples, device)
+    timings["calibrate_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
     target = fp32_target(work / "target", device, drafter_config(args, work, work, device).model)
     prompts = eval_prompts.tolist()
     expected = [greedy_decode(target, p, args.max_new_tokens) for p in prompts]
@@ -450,7 +493,7 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
     timings["baseline_s"] = time.perf_counter() - t0
 
     counts = sorted({min(n, len(samples)) for n in args.samples})  # not more than there are
-    points = [drafter_point(args, samples[:n], held, device) for n in counts]
+    points = [drafter_point(args, samples[:n], held, device, steps) for n in counts]
     last = points[-1]
     return {
         "mode": "smoke" if args.smoke else "gpu",
@@ -461,6 +504,7 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
         **{k: last[k] for k in ("samples", "epochs", "held_out", "baselines", "train_prompts")},
         "drafter": last["drafter"],
         "points": points,
+        "drafter_step_s": step_s,
         "timings_s": timings,
     }
 
@@ -523,7 +567,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--samples",
         type=sample_counts,
-        default=[2048],
+        default=[2048, 20480, 65536],
         help="training samples of each drafter point, comma-separated (e.g. 2048,20480)",
     )
     p.add_argument(
@@ -537,13 +581,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--gen-len", type=int, default=192)
-    p.add_argument("--gen-batch", type=int, default=512)
-    p.add_argument("--drafter-layers", type=int, default=2)
+    p.add_argument("--gen-batch", type=int, default=1024)
+    p.add_argument("--drafter-layers", type=int, default=3)
     p.add_argument("--block-size", type=int, default=8)
-    p.add_argument("--drafter-batch", type=int, default=16)
+    p.add_argument("--drafter-batch", type=int, default=32)
     p.add_argument("--anchors", type=int, default=64)
     p.add_argument("--drafter-lr", type=float, default=1e-3)
-    p.add_argument("--drafter-steps", type=int, default=600)
+    p.add_argument(
+        "--drafter-steps", type=int, default=0, help="steps per point (0: --drafter-seconds)"
+    )
+    p.add_argument("--drafter-seconds", type=float, default=120.0, help="training time per point")
     p.add_argument("--eval-prompts", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--lookup-max-n", type=int, default=4, help="prompt lookup: n-grams n…1")
@@ -568,7 +615,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             block_size=4,
             drafter_batch=4,
             anchors=8,
-            drafter_steps=4,
+            drafter_seconds=0.3,  # steps from the time budget: the calibration runs too
             eval_prompts=2,
             max_new_tokens=12,
         )

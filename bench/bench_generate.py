@@ -51,6 +51,10 @@ SHAPES = {
     "qwen3-1.7b": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
                    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
                    "vocab_size": 151936},
+    # bench_eval.py's target (8 layers, hidden 768, its 8,192-token vocabulary)
+    "eval-target": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 8,
+                    "num_attention_heads": 12, "num_key_value_heads": 3, "head_dim": 64,
+                    "vocab_size": 8192},
     "smoke": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
               "vocab_size": 512},

@@ -59,13 +59,29 @@ def random_prompts(n: int, *, seed: int) -> list[list[int]]:
     return [torch.randint(0, 256, (k,), generator=gen).tolist() for k in lengths]
 
 
-def test_batched_cached_decoding_equals_plain_greedy(model: torch.nn.Module) -> None:
+@pytest.fixture(scope="module")
+def eager_model(target_dir: Path) -> torch.nn.Module:
+    """The same target with `eager` attention (the static engine hands it an additive mask)."""
+    model = load_target(target_dir).model
+    model.set_attn_implementation("eager")
+    return model
+
+
+@pytest.mark.parametrize(
+    ("engine", "attention"),
+    [("dynamic", "sdpa"), ("static", "sdpa"), ("static", "eager")],
+)
+def test_batched_cached_decoding_equals_plain_greedy(
+    model: torch.nn.Module, eager_model: torch.nn.Module, engine: str, attention: str
+) -> None:
+    model = eager_model if attention == "eager" else model
+    assert model.config._attn_implementation == attention
     prompts = random_prompts(6, seed=0)
     free = [reference(model, p, 12, set()) for p in prompts]
     eos = {free[1][3], free[4][6]}  # rows 1 and 4 (at least) end early: rows leave the batch
     want = [reference(model, p, 12, eos) for p in prompts]
     assert sorted(map(len, want))[0] < 12 < max(map(len, free)) + 1
-    got = decode_batch(model, prompts, max_new_tokens=12, eos_ids=eos, pad_id=256)
+    got = decode_batch(model, prompts, max_new_tokens=12, eos_ids=eos, pad_id=256, engine=engine)
     assert got == want
     hf = model.generate(
         input_ids=torch.tensor([prompts[0]]), max_new_tokens=12, do_sample=False, pad_token_id=256
@@ -73,20 +89,33 @@ def test_batched_cached_decoding_equals_plain_greedy(model: torch.nn.Module) -> 
     assert got[0] == hf[0, len(prompts[0]) :].tolist()[: len(got[0])]
 
 
-def test_sampling_is_seeded_and_a_tiny_nucleus_is_greedy(model: torch.nn.Module) -> None:
+@pytest.mark.parametrize("engine", ["dynamic", "static"])
+def test_sampling_is_seeded_and_a_tiny_nucleus_is_greedy(
+    model: torch.nn.Module, engine: str
+) -> None:
     prompts = random_prompts(4, seed=1)
     hot = Sampling(temperature=1.5, seed=0)
 
     def sample(s: Sampling) -> list[list[int]]:
         gen = torch.Generator().manual_seed(5)
         return decode_batch(
-            model, prompts, max_new_tokens=8, eos_ids=(), pad_id=256, sampling=s, generator=gen
-        )
+            model, prompts, max_new_tokens=8, eos_ids=(), pad_id=256, sampling=s, generator=gen,
+            engine=engine,
+        )  # fmt: skip
 
     assert sample(hot) == sample(hot)
-    greedy = decode_batch(model, prompts, max_new_tokens=8, eos_ids=(), pad_id=256)
+    greedy = decode_batch(model, prompts, max_new_tokens=8, eos_ids=(), pad_id=256, engine=engine)
     assert sample(hot) != greedy
     assert sample(Sampling(temperature=1.0, top_p=1e-6)) == greedy
+
+
+def test_the_static_engine_names_a_model_it_cannot_decode(target_dir: Path) -> None:
+    model = load_target(target_dir).model
+    model.config.layer_types = ["sliding_attention"] * model.config.num_hidden_layers
+    with pytest.raises(ValueError, match="not all full attention"):
+        decode_batch(model, [[1, 2]], max_new_tokens=2, eos_ids=(), pad_id=0, engine="static")
+    with pytest.raises(ValueError, match="engine must be one of"):
+        decode_batch(model, [[1, 2]], max_new_tokens=2, eos_ids=(), pad_id=0, engine="fast")
 
 
 def test_length_batches_group_similar_lengths() -> None:

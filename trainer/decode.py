@@ -11,16 +11,30 @@
    `generate`, which keeps computing padding for them until the longest answer ends.
 Batches are formed by the caller from prompts of similar length (`length_batches`), which keeps
 the padding of step 1 small.
+
+Two engines run these steps (`engine=`):
+- `dynamic` — a `DynamicCache` that grows by one column per step, finished rows dropped: what
+  the steps above describe; any model `transformers` can decode runs on it;
+- `static` — a `StaticCache` of `prompt + max_new_tokens` columns, the attention mask kept as a
+  (rows, columns) table in which each step opens one column, every row computed to the end (a
+  finished row's tokens after its end token are cut off): every step has the same shapes and the
+  same buffers, so on CUDA the step is recorded once as a CUDA graph and replayed — a small or
+  medium target decodes at the GPU's speed instead of Python's. It needs full attention (no
+  sliding window) in `sdpa` or `eager`; `auto` picks it on CUDA where it applies.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Collection, Sequence
+import logging
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
+
+log = logging.getLogger("trainer.decode")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +77,11 @@ def pick(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-@torch.no_grad()
+ENGINES = ("auto", "static", "dynamic")
+CHECK_DONE_EVERY = 8  # static engine: steps between looks at "has every row ended?" (a sync)
+EAGER_STEPS = 2  # static engine on CUDA: steps run before the step is recorded as a graph
+
+
 def decode_batch(
     model: nn.Module,
     prompts: Sequence[Sequence[int]],
@@ -73,18 +91,183 @@ def decode_batch(
     pad_id: int,
     sampling: Sampling = Sampling(),
     generator: torch.Generator | None = None,
+    engine: str = "auto",
 ) -> list[list[int]]:
     """The model's answer to each prompt (end token included when emitted), in input order."""
-    from transformers import DynamicCache
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    why_not = static_unsupported(model)
+    if engine == "static" and why_not:
+        raise ValueError(f"the static decoding engine cannot run this model: {why_not}")
+    device = next(model.parameters()).device
+    kwargs: dict[str, Any] = dict(
+        max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, sampling=sampling,
+        generator=generator,
+    )  # fmt: skip
+    if engine == "dynamic" or (engine == "auto" and (device.type != "cuda" or why_not)):
+        return _decode_dynamic(model, prompts, **kwargs)
+    if engine == "static":
+        return _decode_static(model, prompts, **kwargs)
+    state = generator.get_state() if generator is not None else None
+    try:
+        return _decode_static(model, prompts, **kwargs)
+    except (RuntimeError, NotImplementedError) as exc:  # a model the graph capture cannot take
+        log.warning("static decoding failed (%s); decoding with the dynamic engine", exc)
+        if generator is not None and state is not None:
+            generator.set_state(state)  # the same draws as if static had never run
+        return _decode_dynamic(model, prompts, **kwargs)
+
+
+def static_unsupported(model: nn.Module) -> str | None:
+    """Why the static engine cannot decode `model` (None: it can). Its one mask serves every
+    layer, so every layer must attend to all earlier tokens; the mask is handed to the attention
+    as a 4-D table, which `sdpa` (a boolean table) and `eager` (an additive one) take."""
+    config: Any = getattr(model, "config", None)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        return f"its layers are not all full attention ({', '.join(sorted(kinds))})"
+    impl = getattr(config, "_attn_implementation", None) or "sdpa"
+    if impl not in ("sdpa", "eager"):
+        return f"attention implementation {impl!r} (sdpa or eager needed)"
+    return None
+
+
+@torch.no_grad()
+def _decode_static(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_ids: Collection[int],
+    pad_id: int,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+) -> list[list[int]]:
+    from transformers import StaticCache
 
     device = next(model.parameters()).device
+    ids, attn = _left_padded(prompts, pad_id, device)
+    b, width = ids.shape
+    columns = width + max_new_tokens
+    config: Any = model.config
+    cache = StaticCache(config=config, max_cache_len=columns)
+    kv = {_cache_kwarg(model): cache}
+    # (b, columns): which cached columns a row may attend to; each decode step opens one more
+    open_ = torch.zeros((b, columns), dtype=torch.bool, device=device)
+    open_[:, :width] = attn.bool()
+    as_mask = _mask_format(model)
+    causal = torch.ones((width, columns), dtype=torch.bool, device=device).tril()
+    prefill_mask = open_[:, None, None, :] & causal  # (b, 1, width, columns)
+    # a padding position sees itself: no row of the table is empty (an empty row's softmax is
+    # NaN, and a NaN key or value poisons every row that masks it out)
+    prefill_mask |= torch.eye(width, columns, dtype=torch.bool, device=device)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=ids, attention_mask=as_mask(prefill_mask), position_ids=pos, use_cache=True,
+        logits_to_keep=1, **kv,
+    )  # fmt: skip
+    step_ids = torch.zeros((b, 1), dtype=torch.long, device=device)
+    step_pos = pos[:, -1:] + 1  # (b, 1)
+    column = torch.full((1,), width, dtype=torch.long, device=device)  # the next free column
+
+    def step() -> torch.Tensor:
+        """One token per row at `column`; the same buffers every call (a graph can replay it)."""
+        open_.index_fill_(1, column, True)
+        logits = model(
+            input_ids=step_ids, attention_mask=as_mask(open_[:, None, None, :]),
+            position_ids=step_pos, use_cache=True, **kv,
+        ).logits[:, -1]  # fmt: skip
+        step_pos.add_(1)
+        column.add_(1)
+        return logits
+
+    run_step = _Replay(step, device)
+    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    tokens = torch.full((b, max_new_tokens), -1, dtype=torch.long, device=device)
+    logits = out.logits[:, -1]
+    for i in range(max_new_tokens):
+        tok = pick(logits, sampling, generator)
+        tokens[:, i] = tok
+        done |= torch.isin(tok, eos)
+        if i + 1 == max_new_tokens or (i % CHECK_DONE_EVERY == 0 and bool(done.all())):
+            break
+        step_ids.copy_(tok[:, None])
+        logits = run_step()
+    return [_answer(row, eos_ids) for row in tokens.tolist()]
+
+
+class _Replay:
+    """Calls `step`: eagerly for the first `EAGER_STEPS` calls (on CUDA on a side stream, which
+    also warms the libraries a capture needs), then records it once as a CUDA graph and replays
+    it. On the CPU every call is eager."""
+
+    def __init__(self, step: Callable[[], torch.Tensor], device: torch.device) -> None:
+        self.step, self.device, self.calls = step, device, 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.output: torch.Tensor | None = None
+
+    def __call__(self) -> torch.Tensor:
+        self.calls += 1
+        if self.device.type != "cuda":
+            return self.step()
+        if self.graph is None and self.calls <= EAGER_STEPS:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                logits = self.step()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            return logits
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):  # recorded, not run: replayed below
+                self.output = self.step()
+        self.graph.replay()
+        assert self.output is not None
+        return self.output
+
+
+def _mask_format(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A boolean (True: attend) table as the model's attention takes it: as is for `sdpa`, as
+    0 / the dtype's lowest value to add to the scores for `eager`."""
+    impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    if impl == "sdpa":
+        return lambda table: table
+    dtype = next(model.parameters()).dtype
+    low = torch.finfo(dtype).min
+    return lambda table: torch.where(table, 0.0, low).to(dtype)
+
+
+def _left_padded(
+    prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask), both (b, width) long: prompts right-aligned after `pad_id`s."""
     b, width = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((b, width), pad_id, dtype=torch.long)
     attn = torch.zeros((b, width), dtype=torch.long)
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
         attn[i, width - len(p) :] = 1
-    ids, attn = ids.to(device), attn.to(device)
+    return ids.to(device), attn.to(device)
+
+
+@torch.no_grad()
+def _decode_dynamic(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_ids: Collection[int],
+    pad_id: int,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+) -> list[list[int]]:
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    b = len(prompts)
+    ids, attn = _left_padded(prompts, pad_id, device)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (b, width)
     cache = DynamicCache()
     kv = {_cache_kwarg(model): cache}

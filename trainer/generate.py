@@ -32,6 +32,7 @@ from typing import Any
 
 from trainer import prompt_file
 from trainer.config import TrainConfig, load_config
+from trainer.decode import ENGINES
 from trainer.errors import TrainerError
 from trainer.shards import MANIFEST
 
@@ -77,6 +78,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="shard directory (created; resumed when present)")
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=32, help="prompts decoded together")
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="decoding engine: static (a CUDA graph per step; auto picks it on CUDA where the "
+        "model allows) or dynamic (a growing cache, finished rows dropped)",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed (mixed with the shard)")
@@ -248,6 +256,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     worker = Worker(
         config, settings, scan, renderer, out, world=world,
         batch_size=args.batch_size, strict=args.strict, log_every=args.log_every,
+        engine=args.engine,
     )  # fmt: skip
     summary = worker.run()
     if world.rank == 0:

@@ -66,10 +66,11 @@ class Worker:
         batch_size: int,
         strict: bool,
         log_every: float,
+        engine: str = "auto",
     ) -> None:
         self.config, self.settings, self.scan, self.renderer = config, settings, scan, renderer
         self.out, self.world, self.batch_size = out, world, max(1, batch_size)
-        self.strict, self.log_every = strict, log_every
+        self.strict, self.log_every, self.engine = strict, log_every, engine
         size = settings.shard_size
         self.num_shards = -(-len(scan.refs) // size)
         self.mine = list(range(world.rank, self.num_shards, world.size))
@@ -185,6 +186,7 @@ class Worker:
                 pad_id=self.pad_id,
                 sampling=self.sampling,
                 generator=gen,
+                engine=self.engine,
             )
             for j, answer in zip(batch, out, strict=True):
                 answers[j] = answer

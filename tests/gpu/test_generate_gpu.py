@@ -1,5 +1,6 @@
-"""On a GPU: batched KV-cached decoding of a float32 target equals plain greedy decoding, and
-`trainer.generate` writes complete shards on CUDA (bf16)."""
+"""On a GPU: batched KV-cached decoding of a float32 target equals plain greedy decoding with
+both engines (the static one replaying its step as a CUDA graph, rows ending early included),
+and `trainer.generate` writes complete shards on CUDA (bf16)."""
 
 from __future__ import annotations
 
@@ -19,21 +20,29 @@ pytestmark = pytest.mark.gpu
 DEMO = DemoConfig(enabled=True, num_samples=8, num_layers=2, prompt_len=6, gen_len=8)
 
 
-def test_cuda_decoding_equals_plain_greedy(tmp_path: Path) -> None:
+def greedy(model: torch.nn.Module, prompt: list[int], n: int, eos: set[int]) -> list[int]:
+    seq = list(prompt)
+    for _ in range(n):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([seq], device="cuda")).logits[0, -1]
+        seq.append(int(logits.argmax()))
+        if seq[-1] in eos:
+            break
+    return seq[len(prompt) :]
+
+
+@pytest.mark.parametrize("engine", ["dynamic", "static"])
+def test_cuda_decoding_equals_plain_greedy(tmp_path: Path, engine: str) -> None:
     from transformers import AutoModelForCausalLM
 
     target, _ = ensure_demo_assets(tmp_path / "assets", DEMO)
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).cuda().eval()
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (int(n),), generator=gen).tolist() for n in (3, 9, 5, 12)]
-    got = decode_batch(model, prompts, max_new_tokens=16, eos_ids=(), pad_id=256)
-    for prompt, answer in zip(prompts, got, strict=True):
-        seq = list(prompt)
-        for _ in range(16):
-            with torch.no_grad():
-                logits = model(input_ids=torch.tensor([seq], device="cuda")).logits[0, -1]
-            seq.append(int(logits.argmax()))
-        assert answer == seq[len(prompt) :]
+    free = [greedy(model, p, 24, set()) for p in prompts]
+    eos = {free[1][10]}  # row 1 (at least) ends early, after the graph took over
+    got = decode_batch(model, prompts, max_new_tokens=24, eos_ids=eos, pad_id=256, engine=engine)
+    assert got == [greedy(model, p, 24, eos) for p in prompts]
 
 
 def test_generate_on_cuda_writes_shards(tmp_path: Path) -> None:
