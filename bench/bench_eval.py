@@ -493,20 +493,30 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
     timings["baseline_s"] = time.perf_counter() - t0
 
     counts = sorted({min(n, len(samples)) for n in args.samples})  # not more than there are
-    points = [drafter_point(args, samples[:n], held, device, steps) for n in counts]
-    last = points[-1]
-    return {
+    result: dict[str, Any] = {
         "mode": "smoke" if args.smoke else "gpu",
         "target": target_info,
         "training_data": args.train_data
         or "trainer.generate: greedy answers to training-file windows",
-        # the largest point's figures at the top level; every point under `points`
-        **{k: last[k] for k in ("samples", "epochs", "held_out", "baselines", "train_prompts")},
-        "drafter": last["drafter"],
-        "points": points,
+        "baselines": {"prompt_lookup": held["prompt_lookup"]},
+        "points": [],
         "drafter_step_s": step_s,
         "timings_s": timings,
     }
+    for n in counts:
+        save_partial(args, result)  # a run cut short still leaves what it measured
+        result["points"].append(drafter_point(args, samples[:n], held, device, steps))
+    last = result["points"][-1]
+    # the largest point's figures at the top level; every point under `points`
+    for key in ("samples", "epochs", "held_out", "baselines", "train_prompts", "drafter"):
+        result[key] = last[key]
+    return result
+
+
+def save_partial(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The results so far, marked incomplete (the finished run overwrites them)."""
+    if args.out:
+        Path(args.out).write_text(json.dumps({**result, "complete": False}, indent=2) + "\n")
 
 
 def demo_cpu(args: argparse.Namespace) -> dict[str, Any]:
@@ -581,12 +591,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--gen-len", type=int, default=192)
-    p.add_argument("--gen-batch", type=int, default=1024)
-    p.add_argument("--drafter-layers", type=int, default=3)
+    p.add_argument("--gen-batch", type=int, default=2048)
+    p.add_argument("--drafter-layers", type=int, default=4)
     p.add_argument("--block-size", type=int, default=8)
-    p.add_argument("--drafter-batch", type=int, default=32)
+    p.add_argument("--drafter-batch", type=int, default=128)
     p.add_argument("--anchors", type=int, default=64)
-    p.add_argument("--drafter-lr", type=float, default=1e-3)
+    p.add_argument("--drafter-lr", type=float, default=2e-3)
     p.add_argument(
         "--drafter-steps", type=int, default=0, help="steps per point (0: --drafter-seconds)"
     )
@@ -642,6 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     result = demo_cpu(args) if args.demo_cpu else gpu_run(args)
     result["total_s"] = time.perf_counter() - start
+    result["complete"] = True
     result["environment"] = {
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
