@@ -365,7 +365,7 @@ def drafter_point(
     trainer = Trainer(drafter_config(args, work, data, device), run_dir, emit=log)
     results = trainer.run()
     train_s = time.perf_counter() - t0
-    trained = trainer.stream.samples
+    trained = trainer.source.stream.samples
     tail = results[-max(1, len(results) // 10) :]
     train_acc = [sum(a) / len(a) for a in zip(*(r.slot_accuracy for r in tail), strict=True)]
     drafter = trainer.drafter_worker.drafter.float()

@@ -50,7 +50,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trainer.chat import DEFAULT_TEMPLATE, TemplateOptions, load_tokenizer, render
-from trainer.config import TrainConfigError
 from trainer.data import Sample, bucket_length, template_options
 from trainer.errors import TrainerError
 from trainer.model import Drafter
@@ -436,22 +435,6 @@ def compare(
     return Comparison(one(drafter, progress), {name: one(b, None) for name, b in baselines.items()})
 
 
-# ---- during training --------------------------------------------------------------------------
-
-
-def split_holdout(
-    samples: Sequence[Sample], holdout: int
-) -> tuple[Sequence[Sample], Sequence[Sample]]:
-    """(trained on, held out): the last `holdout` samples are kept out of training (slices: a
-    shard view stays a view)."""
-    if holdout >= len(samples):
-        raise TrainConfigError(
-            "data.holdout", f"{holdout} would leave none of the {len(samples)} samples to train on"
-        )
-    cut = len(samples) - holdout
-    return samples[:cut], samples[cut:]
-
-
 # ---- prompts ---------------------------------------------------------------------------------
 
 
@@ -600,20 +583,14 @@ def load_block_drafter(args: argparse.Namespace, config: Any) -> tuple[Target, B
     """The target and the drafter to judge, from the command line: an exported folder
     (`--drafter`, read only as the engines read it, with its own target layers) or a training
     checkpoint; and what it is, for the report."""
-    from trainer.target import load_target
-    from trainer.trainer import resolve_device
+    from trainer.runtime import load_configured_target
 
     if args.drafter:
         from trainer.hf_format import load_for_target
 
         target, drafter, step = load_for_target(args.drafter, config)
     else:
-        target = load_target(
-            config.model.target,
-            device=resolve_device(config.run.device),
-            layers=config.model.target_layers,
-            num_layers=config.model.num_target_layers,
-        )
+        target = load_configured_target(config)
         drafter, step = load_drafter(config, Path(args.checkpoint), target)
     block = DFlashDrafter(
         drafter, embed_weight=target.embed_weight, lm_head_weight=target.lm_head_weight
@@ -623,7 +600,7 @@ def load_block_drafter(args: argparse.Namespace, config: Any) -> tuple[Target, B
 
 def run(args: argparse.Namespace) -> Comparison:
     from trainer.config import load_config
-    from trainer.trainer import resolve_demo
+    from trainer.runtime import resolve_demo
 
     config = load_config(args.config, args.overrides)
     ckpt_path = Path(args.checkpoint or args.drafter)
