@@ -55,17 +55,17 @@ if str(ROOT) not in sys.path:
 
 from trainer.config import config_from_dict, load_config  # noqa: E402
 from trainer.data import Sample, load_samples, write_samples  # noqa: E402
-from trainer.evaluate import (  # noqa: E402
+from trainer.eval_prompts import prompt_of_sample  # noqa: E402
+from trainer.evaluate import load_drafter  # noqa: E402
+from trainer.probe import spread  # noqa: E402
+from trainer.prompt_lookup import PromptLookupDrafter  # noqa: E402
+from trainer.speculative import (  # noqa: E402
     BlockDrafter,
     DFlashDrafter,
     LosslessViolation,
     evaluate,
     greedy_decode,
-    load_drafter,
-    prompt_of_sample,
 )
-from trainer.probe import spread  # noqa: E402
-from trainer.prompt_lookup import PromptLookupDrafter  # noqa: E402
 from trainer.target import Target, load_target  # noqa: E402
 
 SPECIAL = ["<|pad|>", "<|endoftext|>"]

@@ -19,7 +19,8 @@ import pytest
 import trainer.data as data_module
 from trainer.config import TrainConfigError, config_from_dict
 from trainer.data import load_samples
-from trainer.evaluate import DFlashDrafter, evaluate, prompt_of_sample
+from trainer.eval_prompts import prompt_of_sample
+from trainer.speculative import DFlashDrafter, evaluate
 from trainer.trainer import Trainer
 
 BLOCK = 4

@@ -28,16 +28,10 @@ from typing import Any
 
 from trainer.config import TrainConfigError
 from trainer.data import Sample, template_options
-from trainer.evaluate import (
-    BlockDrafter,
-    DFlashDrafter,
-    EvalReport,
-    baseline_drafter,
-    evaluate,
-    load_prompts,
-    prompt_of_sample,
-)
+from trainer.eval_prompts import load_prompts, prompt_of_sample
 from trainer.model import Drafter
+from trainer.prompt_lookup import baseline_drafter
+from trainer.speculative import BlockDrafter, DFlashDrafter, EvalReport, evaluate
 from trainer.target import Target
 
 MEMORISING = "the drafter memorises its training data: more data or fewer epochs"
