@@ -1,11 +1,13 @@
-"""Per-rank counters of a split run and the rows drafter rank 0 logs from them.
+"""`metrics.jsonl` on disk (whole-row appends, trimming on resume), the per-rank counters of a
+split run, and the fields drafter rank 0 adds from them to the rows (written by
+`trainer.trainer`).
 
 Every rank publishes its cumulative counters as JSON under `stats/<rank>` in the control store
 (at most every 0.2 s); drafter rank 0 reads all of them at each logged step and turns the deltas
 since the previous logged step into rates. One `metrics.jsonl` row of a split run holds the
 colocated fields (`step`, `time`, `loss`, `ce`, `kl`, `cap`, `lr`, `tokens_per_s`,
-`slot_accuracy`, `grad_norm`, `tokens`; loss terms are means over the drafters, `tokens` the sum)
-and:
+`slot_accuracy`, `grad_norm`, `tokens`, `epochs`, and the τ probe's; loss terms are means over
+the drafters, `tokens` the sum) and:
 
 - `tokens_per_s`: real tokens trained by all drafters per second of wall time (the job's rate);
 - `roles`: `{"target": {...}, "drafter": {...}}` with `tokens_per_s` (tokens produced resp.
