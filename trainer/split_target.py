@@ -13,13 +13,20 @@ between batches and while it waits.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
 from trainer.config import TrainConfig
-from trainer.data import BatchStream, DataPosition, load_data, repeat_note, split_holdout
+from trainer.data import (
+    BatchStream,
+    DataPosition,
+    Sample,
+    load_data,
+    repeat_note,
+    split_holdout,
+)
 from trainer.distributed import TARGET, Session
 from trainer.exchange import TargetEndpoint, share_frozen
 from trainer.metrics import RankStats
@@ -37,7 +44,7 @@ TargetLoader = Callable[[TrainConfig, torch.device], Target]
 def serve_features(
     session: Session,
     config: TrainConfig,
-    out_dir: Any,
+    out_dir: Path,
     emit: Callable[[str], None],
     loader: TargetLoader,
     stop: StopRequest,
@@ -135,8 +142,8 @@ def _probe_server(
     session: Session,
     config: TrainConfig,
     target: Target,
-    held_out: Any,
-    samples: Any,
+    held_out: Sequence[Sample],
+    samples: Sequence[Sample],
 ) -> ProbeServer | None:
     """Target rank 0 with `eval.every`: the probe and a drafter replica to load weights into."""
     if session.roles.rank != 0:
