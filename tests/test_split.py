@@ -292,6 +292,10 @@ def test_the_split_run_probes_held_out_tau_like_the_colocated_run(tmp_path, asse
     losses = [r.loss for r in trainer.run()]
     colocated = [json.loads(line) for line in (tmp_path / "colo" / "metrics.jsonl").open()]
     assert [r["loss"] for r in split] == pytest.approx(losses, rel=1e-6, abs=0)
+    for key in ("step", "tokens", "epochs"):  # the same rows, written once
+        assert [r[key] for r in split] == pytest.approx([r[key] for r in colocated]), key
+    for mine, theirs in zip(split, colocated, strict=True):
+        assert mine["slot_accuracy"] == pytest.approx(theirs["slot_accuracy"], rel=1e-6)
     probed = [r for r in split if "tau" in r]
     assert [r["step"] for r in probed] == [2, 4] and "tau" not in split[2]
     for mine, theirs in zip(probed, [r for r in colocated if "tau" in r], strict=True):
