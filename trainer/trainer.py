@@ -99,7 +99,6 @@ class Trainer:
         )
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
-        torch.manual_seed(cfg.run.seed)
         if source is None:
             source = LocalTarget(cfg, self.out_dir, resolve_device(cfg.run.device), emit)
         self.source = source
@@ -108,7 +107,7 @@ class Trainer:
         self.step = int(state["step"]) if state else 0
         self.start_step = self.step
         source.start(self.step, DataPosition(**state["data_position"]) if state else DataPosition())
-        torch.manual_seed(cfg.run.seed)
+        torch.manual_seed(cfg.run.seed)  # the drafter's initial weights: the same in every run
         self.drafter_worker = source.drafter_worker(cfg)
         if self.drafter_worker.compiled:
             self.emit(COMPILE_NOTE)
