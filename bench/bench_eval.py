@@ -58,17 +58,17 @@ if str(ROOT) not in sys.path:
 
 from trainer.config import config_from_dict, load_config  # noqa: E402
 from trainer.data import Sample, load_samples, write_samples  # noqa: E402
-from trainer.evaluate import (  # noqa: E402
+from trainer.eval_prompts import prompt_of_sample  # noqa: E402
+from trainer.evaluate import load_drafter  # noqa: E402
+from trainer.probe import spread  # noqa: E402
+from trainer.prompt_lookup import PromptLookupDrafter  # noqa: E402
+from trainer.speculative import (  # noqa: E402
     BlockDrafter,
     DFlashDrafter,
     LosslessViolation,
     evaluate,
     greedy_decode,
-    load_drafter,
-    prompt_of_sample,
 )
-from trainer.probe import spread  # noqa: E402
-from trainer.prompt_lookup import PromptLookupDrafter  # noqa: E402
 from trainer.target import Target, load_target  # noqa: E402
 
 SPECIAL = ["<|pad|>", "<|endoftext|>"]
@@ -373,7 +373,7 @@ def drafter_point(
     trainer = Trainer(drafter_config(args, work, data, device, steps), run_dir, emit=log)
     results = trainer.run()
     train_s = time.perf_counter() - t0
-    trained = trainer.stream.samples
+    trained = trainer.source.stream.samples
     tail = results[-max(1, len(results) // 10) :]
     train_acc = [sum(a) / len(a) for a in zip(*(r.slot_accuracy for r in tail), strict=True)]
     drafter = trainer.drafter_worker.drafter.float()

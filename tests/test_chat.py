@@ -228,7 +228,7 @@ def test_the_trainer_trains_on_a_chat_file_and_caches_it_next_to_the_run(tmp_pat
 
 
 def test_eval_prompts_from_chat_lines_use_the_same_template_options(tmp_path: Path) -> None:
-    from trainer.evaluate import load_prompts
+    from trainer.eval_prompts import load_prompts
 
     folder = tokenizer_dir(tmp_path, THINKING)
     data = write_jsonl(tmp_path / "prompts.jsonl", [chat("q", "a")])

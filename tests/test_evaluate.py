@@ -13,19 +13,18 @@ import torch
 
 from trainer.config import DemoConfig, ModelConfig
 from trainer.demo import ensure_demo_assets
-from trainer.evaluate import (
-    DFlashDrafter,
-    LosslessViolation,
-    PromptFileError,
-    _check_lossless,
-    compare,
-    evaluate,
-    greedy_decode,
-    load_prompts,
-    speculative_decode,
-)
+from trainer.eval_prompts import PromptFileError, load_prompts
+from trainer.evaluate import compare
 from trainer.model import Drafter, shape_from_target
 from trainer.prompt_lookup import PromptLookupDrafter
+from trainer.speculative import (
+    DFlashDrafter,
+    LosslessViolation,
+    _check_lossless,
+    evaluate,
+    greedy_decode,
+    speculative_decode,
+)
 from trainer.target import Target, load_target
 
 BLOCK = 4

@@ -19,7 +19,8 @@ import pytest
 import trainer.data as data_module
 from trainer.config import TrainConfigError, config_from_dict
 from trainer.data import load_samples
-from trainer.evaluate import DFlashDrafter, evaluate, prompt_of_sample
+from trainer.eval_prompts import prompt_of_sample
+from trainer.speculative import DFlashDrafter, evaluate
 from trainer.trainer import Trainer
 
 BLOCK = 4
@@ -52,7 +53,7 @@ def train_and_evaluate(assets: Path, out: Path) -> tuple[list[float], float]:
     results = trainer.run()
     tail = [r.slot_accuracy for r in results[-10:]]
     accuracy = [sum(col) / len(col) for col in zip(*tail, strict=True)]
-    target = trainer.target_worker.target
+    target = trainer.source.target
     prompts = [prompt_of_sample(s) for s in load_samples(trainer.config.data.path)]
     block = DFlashDrafter(
         trainer.drafter_worker.drafter,
@@ -103,8 +104,8 @@ def test_training_logs_tau_on_held_out_samples(tmp_path, assets) -> None:
     )
     lines: list[str] = []
     trainer = Trainer(config_from_dict(raw), tmp_path / "run", emit=lines.append)
-    assert len(trainer.stream.samples) == 6  # 8 samples, the last 2 held out
-    assert trainer.probe is not None and len(trainer.probe.prompts) == 2
+    assert len(trainer.source.stream.samples) == 6  # 8 samples, the last 2 held out
+    assert trainer.source.tau_probe is not None and len(trainer.source.tau_probe.prompts) == 2
     trainer.run()
     steps = [line for line in lines if line.startswith("step ")]
     assert [s.split("/")[0] for s in steps] == ["step 2", "step 3", "step 4"]

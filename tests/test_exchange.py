@@ -10,7 +10,7 @@ from trainer.data import DataPosition
 from trainer.distributed import DistributedSetupError, roles_from_env
 from trainer.exchange import Header, header_for, pack_ints, payload, unpack
 from trainer.pipeline import Features
-from trainer.split import batch_index, position_of
+from trainer.segments import batch_index, position_of
 
 
 def test_roles_targets_first() -> None:

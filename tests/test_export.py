@@ -17,10 +17,11 @@ import torch
 from trainer import checkpoint as ckpt
 from trainer.config import config_from_dict
 from trainer.data import load_samples
-from trainer.evaluate import DFlashDrafter, evaluate, prompt_of_sample
+from trainer.eval_prompts import prompt_of_sample
 from trainer.export import ExportRefused, export
 from trainer.hf_format import DrafterFolderError, hf_tensors, load_folder, write_folder
 from trainer.model import DRAFTER_FORMAT
+from trainer.speculative import DFlashDrafter, evaluate
 from trainer.target import default_target_layers
 from trainer.trainer import Trainer
 
@@ -97,7 +98,7 @@ def block_logits(drafter, target, features, ids, anchors):
 
 def test_round_trip_equal_block_logits_and_tau(run, exported) -> None:
     trainer, _ = run
-    target = trainer.target_worker.target
+    target = trainer.source.target
     trained = trainer.drafter_worker.drafter.eval()
     loaded, cfg = load_folder(exported)
     assert cfg["dflash_config"]["target_layer_ids"] == target.layers
@@ -123,7 +124,7 @@ def test_config_keys_and_values_follow_the_drafter(run, exported) -> None:
     cfg = json.loads((exported / "config.json").read_text())
     assert set(cfg) >= ENGINE_CONFIG_KEYS
     s = trainer.drafter_worker.drafter.shape
-    tcfg = trainer.target_worker.target.config
+    tcfg = trainer.source.target.config
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
     assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (
         64,

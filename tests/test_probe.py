@@ -76,9 +76,9 @@ def test_the_rule() -> None:
 
 
 def test_training_prompts_spread_over_the_samples(memorised: Run) -> None:
-    probe = memorised.trainer.probe
+    probe = memorised.trainer.source.tau_probe
     assert probe is not None and len(probe.prompts) == 4 and len(probe.train_prompts) == 4
-    trained = memorised.trainer.stream.samples
+    trained = memorised.trainer.source.stream.samples
     assert len(trained) == 4
     assert spread(trained, 2) == [probe.train_prompts[0], probe.train_prompts[2]]
     assert spread(trained, 9) == probe.train_prompts  # no more than there are, each once
@@ -107,7 +107,7 @@ def test_memorising_is_logged_and_recorded(memorised: Run) -> None:
 
 def test_a_fresh_drafter_and_fresh_prompts_do_not_warn(memorised: Run) -> None:
     trainer = memorised.trainer
-    probe = trainer.probe
+    probe = trainer.source.tau_probe
     assert probe is not None
     torch.manual_seed(1)
     fresh = Drafter(trainer.drafter_worker.drafter.shape)

@@ -58,7 +58,7 @@ def test_manifest_stores_the_resolved_values(tmp_path, assets) -> None:  # noqa:
     assert found.path is not None
     manifest = json.loads((found.path / "manifest.json").read_text())
     resolved = manifest["resolved"]
-    assert resolved["model.target_layers"] == trainer.target_worker.target.layers
+    assert resolved["model.target_layers"] == trainer.source.target.layers
     assert isinstance(resolved["model.mask_token_id"], int)
     assert resolved["model.mask_token_id"] == trainer.drafter_worker.drafter.shape.mask_token_id
     assert (

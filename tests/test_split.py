@@ -20,7 +20,7 @@ import pytest
 
 from trainer.config import DemoConfig
 from trainer.demo import ensure_demo_assets
-from trainer.split import segments
+from trainer.segments import segments
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = {"num_samples": 32, "num_layers": 4, "prompt_len": 6, "gen_len": 26}
@@ -41,12 +41,17 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def write_config(
-    path: Path, assets: Path, *, data: dict[str, object] | None = None, **run: object
+    path: Path,
+    assets: Path,
+    *,
+    data: dict[str, object] | None = None,
+    evaluation: dict[str, object] | None = None,
+    **run: object,
 ) -> Path:
     lines = ["[demo]", "enabled = true", f"folder = {json.dumps(str(assets))}"]
     lines += [f"{k} = {json.dumps(v)}" for k, v in DEMO.items()]
-    changes = {"run": run, "data": data or {}}
-    for name, values in TABLES.items():
+    changes = {"run": run, "data": data or {}, "eval": evaluation or {}}
+    for name, values in {**TABLES, "eval": {}}.items():
         values = {**values, **changes.get(name, {})}
         lines.append(f"[{name}]")
         lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
@@ -137,10 +142,11 @@ def run_split(
     procs: int,
     targets: int,
     data: dict | None = None,
+    evaluation: dict | None = None,
     **run: object,
 ):
     out = tmp_path / f"run-{uuid.uuid4().hex[:8]}"
-    cfg = write_config(tmp_path / "c.toml", assets, data=data, **run)
+    cfg = write_config(tmp_path / "c.toml", assets, data=data, evaluation=evaluation, **run)
     proc = torchrun(cfg, out, procs=procs, targets=targets)
     log = finish(proc, 90)
     assert proc.returncode == 0, log[-4000:]
@@ -263,3 +269,40 @@ def test_the_split_run_keeps_the_holdout_out_of_training(tmp_path, assets) -> No
     trainer = Trainer(load_config(cfg), tmp_path / "colo", emit=lambda _: None)
     colocated = [r.loss for r in trainer.run()]
     assert split == pytest.approx(colocated, rel=1e-6, abs=0)
+
+
+@pytest.mark.slow
+def test_the_split_run_probes_held_out_tau_like_the_colocated_run(tmp_path, assets) -> None:
+    """With `eval.every`, target rank 0 runs the τ probe of the drafter's weights at steps 2
+    and 4 (mid-segment and at the end; a checkpoint at 3): the rows carry the same held-out,
+    training-prompt and prompt-lookup τ as the colocated run's, the losses stay equal (the
+    probe draws no random numbers), and an epoch is the 24 samples left by `data.holdout`."""
+    from trainer.config import load_config
+    from trainer.data import repeat_note
+    from trainer.trainer import Trainer
+
+    data = {"holdout": 8, "batch_size": 12}
+    evaluation = {"every": 2, "num_prompts": 3, "train_prompts": 2, "max_new_tokens": 6}
+    settings = {"data": data, "evaluation": evaluation, "steps": 4, "checkpoint_every": 3}
+    out, log, _ = run_split(tmp_path, assets, procs=2, targets=1, **settings)
+    assert repeat_note(1, 24) in log, log[-4000:]
+    split = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    cfg = load_config(write_config(tmp_path / "c5.toml", assets, **settings))
+    trainer = Trainer(cfg, tmp_path / "colo", emit=lambda _: None)
+    losses = [r.loss for r in trainer.run()]
+    colocated = [json.loads(line) for line in (tmp_path / "colo" / "metrics.jsonl").open()]
+    assert [r["loss"] for r in split] == pytest.approx(losses, rel=1e-6, abs=0)
+    for key in ("step", "tokens", "epochs"):  # the same rows, written once
+        assert [r[key] for r in split] == pytest.approx([r[key] for r in colocated]), key
+    for mine, theirs in zip(split, colocated, strict=True):
+        assert mine["slot_accuracy"] == pytest.approx(theirs["slot_accuracy"], rel=1e-6)
+    probed = [r for r in split if "tau" in r]
+    assert [r["step"] for r in probed] == [2, 4] and "tau" not in split[2]
+    for mine, theirs in zip(probed, [r for r in colocated if "tau" in r], strict=True):
+        assert mine["probe"]["step"] == mine["step"] == theirs["step"]
+        assert mine["tau"] >= 1.0 and mine["tau"] == pytest.approx(theirs["tau"], rel=1e-9)
+        assert mine["slot_acceptance"] == pytest.approx(theirs["slot_acceptance"], rel=1e-9)
+        for key in ("tau_train", "tau_prompt_lookup"):
+            assert mine["probe"][key] == pytest.approx(theirs["probe"][key], rel=1e-9)
+    assert split[2]["probe"]["step"] == 2  # the latest probe, repeated on later rows
+    assert "| tau " in log

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,9 +22,8 @@ from torch.distributed import HashStore
 
 from dflash_ops import gpus
 from tests.cli_helpers import Where, kill_tmux_server
-from trainer.config import DemoConfig, TrainConfig
 from trainer.distributed import Roles
-from trainer.metrics import GIB, RankStats, RoleMetrics
+from trainer.metrics import GIB, METRICS, RankStats, RoleMetrics, append_row
 
 STANDIN = Path(__file__).resolve().parent / "fixtures" / "nvidia_smi_standin"  # copied per test
 STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -35,7 +35,7 @@ CT = 200  # CUDA_VISIBLE_DEVICES: local rank r runs on physical GPU VISIBLE[r]
 
 def write_split_metrics(out: Path, *, targets: int, world: int, steps: int = 2) -> dict[str, Any]:
     """Rows of a split run as drafter rank 0 logs them: every rank publishes its counters into
-    a store, `RoleMetrics.log` turns them into the metrics.jsonl row. The CUDA readings a GPU
+    a store, `RoleMetrics.fields` turns them into the split's fields of the metrics.jsonl row. The CUDA readings a GPU
     rank would publish (its device index, torch's allocated memory) are filled in by hand."""
     store = HashStore()
     stats = []
@@ -45,7 +45,7 @@ def write_split_metrics(out: Path, *, targets: int, world: int, steps: int = 2) 
             RankStats(SimpleNamespace(roles=roles, device=torch.device("cpu"), store=store))
         )
     lead = SimpleNamespace(roles=stats[targets].session.roles, store=store)
-    writer = RoleMetrics(lead, out, TrainConfig(demo=DemoConfig(enabled=True)), emit=lambda _: None)
+    writer = RoleMetrics(lead)
     row: dict[str, Any] = {}
     for step in range(1, steps + 1):
         for st in stats:
@@ -58,13 +58,13 @@ def write_split_metrics(out: Path, *, targets: int, world: int, steps: int = 2) 
             store.set(f"stats/{st.session.roles.rank}", json.dumps(snap))
         store.add("produced", 3)
         store.add("trained", 2)
-        row = writer.log(
-            step,
-            {
-                "loss": 1.0, "ce": 1.0, "kl": 0.0, "cap": 0.0, "lr": 1e-3, "grad_norm": 1.0,
-                "slot_accuracy": [None, 0.5], "tokens": 512,
-            },
-        )  # fmt: skip
+        fields, _ = writer.fields()
+        row = {
+            "step": step, "time": time.time(), "loss": 1.0, "ce": 1.0, "kl": 0.0, "cap": 0.0,
+            "lr": 1e-3, "grad_norm": 1.0, "slot_accuracy": [None, 0.5], "tokens": 512,
+            "tokens_per_s": 1000.0, **fields,
+        }  # fmt: skip
+        append_row(out / METRICS, row)
     return row
 
 

@@ -158,6 +158,9 @@ def save_checkpoint(
         return _save(run_dir, tmp, step, state, config, keep_last=keep_last, resolved=resolved)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if _behind(exc, KeyboardInterrupt) and not isinstance(exc, KeyboardInterrupt):
+            # a second signal inside torch.save comes out as its RuntimeError: still a stop
+            raise KeyboardInterrupt from exc
         os_error = _os_error(exc)
         if os_error is None:
             raise
@@ -166,13 +169,20 @@ def save_checkpoint(
         ) from exc
 
 
-def _os_error(exc: BaseException | None) -> OSError | None:
-    """The OSError behind `exc` (torch.save re-raises a failed write as a RuntimeError)."""
+def _behind(exc: BaseException | None, kind: type[BaseException]) -> BaseException | None:
+    """The exception of `kind` behind `exc` (torch.save re-raises what interrupted its write
+    as a RuntimeError)."""
     while exc is not None:
-        if isinstance(exc, OSError):
+        if isinstance(exc, kind):
             return exc
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def _os_error(exc: BaseException | None) -> OSError | None:
+    """The OSError behind `exc` (a failed write)."""
+    found = _behind(exc, OSError)
+    return found if isinstance(found, OSError) else None
 
 
 def _save(

@@ -12,24 +12,17 @@ import dataclasses
 import hashlib
 import json
 import tomllib
-import types
-import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import TrainerError
-
-
-class TrainConfigError(TrainerError, ValueError):
-    """A setting is missing, unknown, or has a bad value; the message names the dotted key."""
-
-    hint = "Change that key in the config file, or override it with --set KEY=VALUE."
-
-    def __init__(self, key: str, message: str) -> None:
-        self.key = key
-        super().__init__(f"{key}: {message}")
+from trainer.typed_settings import TrainConfigError
+from trainer.typed_settings import coerce as _coerce
+from trainer.typed_settings import diff_settings as diff_settings  # where callers look for it
+from trainer.typed_settings import flatten as _flatten
+from trainer.typed_settings import parse_override as _parse_override
+from trainer.typed_settings import positive as _positive
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -426,86 +419,3 @@ def with_overrides(config: TrainConfig, **sections: dict[str, Any]) -> TrainConf
         }
         parts[name] = dataclasses.replace(part, **changes) if changes else part
     return TrainConfig(**parts)
-
-
-def _parse_override(item: str) -> tuple[str, Any]:
-    key, sep, text = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise TrainConfigError(item, "overrides are written key=value, e.g. optim.lr=3e-4")
-    text = text.strip()
-    try:  # TOML literal: numbers, booleans, quoted strings, arrays
-        return key, tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return key, text  # a bare string such as a path
-
-
-def _coerce(section: str, cls: type, key: str, value: Any) -> Any:
-    dotted = f"{section}.{key}"
-    hints = typing.get_type_hints(cls)
-    if key not in hints:
-        known = ", ".join(f.name for f in dataclasses.fields(cls))
-        raise TrainConfigError(dotted, f"unknown key; known keys of [{section}]: {known}")
-    return _check_type(dotted, hints[key], value)
-
-
-def _check_type(key: str, hint: Any, value: Any) -> Any:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
-        if is_none and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _check_type(key, arg, value)
-            except TrainConfigError:
-                continue
-        raise TrainConfigError(key, f"expected {hint}, got {value!r}")
-    if origin is list:
-        (inner,) = typing.get_args(hint)
-        if not isinstance(value, list | tuple):
-            raise TrainConfigError(key, f"expected a list, got {value!r}")
-        return [_check_type(key, inner, v) for v in value]
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise TrainConfigError(key, f"expected true or false, got {value!r}")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise TrainConfigError(key, f"expected an integer, got {value!r}")
-    if hint is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        raise TrainConfigError(key, f"expected a number, got {value!r}")
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        raise TrainConfigError(key, f"expected a string, got {value!r}")
-    raise TrainConfigError(key, f"unsupported type {hint}")
-
-
-def _positive(key: str, value: int) -> None:
-    if value <= 0:
-        raise TrainConfigError(key, f"must be > 0, got {value}")
-
-
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, dotted + "."))
-        else:
-            flat[dotted] = value
-    return flat
-
-
-def diff_settings(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """Dotted keys whose values differ (or exist on one side only)."""
-    return sorted(
-        k for k in set(old) | set(new) if old.get(k, "<absent>") != new.get(k, "<absent>")
-    )

@@ -370,3 +370,16 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def split_holdout(
+    samples: Sequence[Sample], holdout: int
+) -> tuple[Sequence[Sample], Sequence[Sample]]:
+    """(trained on, held out): the last `holdout` samples are kept out of training (slices: a
+    shard view stays a view)."""
+    if holdout >= len(samples):
+        raise TrainConfigError(
+            "data.holdout", f"{holdout} would leave none of the {len(samples)} samples to train on"
+        )
+    cut = len(samples) - holdout
+    return samples[:cut], samples[cut:]

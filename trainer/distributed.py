@@ -189,6 +189,11 @@ class Session:
             dist.init_process_group(self.backend, timeout=timeout, device_id=device_id)
         # every rank must call new_group, members or not
         self.drafter_group = dist.new_group(roles.drafter_ranks, timeout=timeout)
+        # the τ probe's weights (drafter rank 0 → target rank 0) on a group of their own: never
+        # ordered behind or ahead of the features' p2p ops on the default group
+        self.probe_group = dist.new_group(
+            [roles.target_ranks[0], roles.drafter_ranks[0]], timeout=timeout
+        )
         self.store = self._store()
         self._peers: dict[int, dict] = {}
         self._stop = threading.Event()

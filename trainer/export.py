@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr, force=True)
     try:
         from trainer.config import load_config
-        from trainer.trainer import resolve_demo
+        from trainer.runtime import resolve_demo
 
         if not args.checkpoint:
             raise ExportRefused("no checkpoint given", hint="Pass --checkpoint DIR.")

@@ -183,7 +183,7 @@ def resolve(config: TrainConfig, out: Path, *, rank: int) -> TrainConfig:
     if not config.demo.enabled:
         return config
     from trainer.demo import MARKER
-    from trainer.trainer import resolve_demo
+    from trainer.runtime import resolve_demo
 
     folder = (
         Path(config.demo.folder) if config.demo.folder else out.resolve().parent / "demo-assets"

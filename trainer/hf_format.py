@@ -220,8 +220,8 @@ def load_for_target(folder: str | Path, config: Any) -> tuple[Any, Drafter, int]
     """(target, drafter, step) for evaluating an exported folder: the target of `config`
     (`model.target`, `run.device`) with the folder's own `target_layer_ids`; the folder must
     have been exported for a target of this vocabulary and width."""
+    from trainer.runtime import resolve_device
     from trainer.target import load_target
-    from trainer.trainer import resolve_device
 
     cfg = read_config(folder)
     layers = list(_need(_need(cfg, "dflash_config"), "target_layer_ids"))

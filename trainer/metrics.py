@@ -1,11 +1,13 @@
-"""Per-rank counters of a split run and the rows drafter rank 0 logs from them.
+"""`metrics.jsonl` on disk (whole-row appends, trimming on resume), the per-rank counters of a
+split run, and the fields drafter rank 0 adds from them to the rows (written by
+`trainer.trainer`).
 
 Every rank publishes its cumulative counters as JSON under `stats/<rank>` in the control store
 (at most every 0.2 s); drafter rank 0 reads all of them at each logged step and turns the deltas
 since the previous logged step into rates. One `metrics.jsonl` row of a split run holds the
 colocated fields (`step`, `time`, `loss`, `ce`, `kl`, `cap`, `lr`, `tokens_per_s`,
-`slot_accuracy`, `grad_norm`, `tokens`; loss terms are means over the drafters, `tokens` the sum)
-and:
+`slot_accuracy`, `grad_norm`, `tokens`, `epochs`, and the τ probe's; loss terms are means over
+the drafters, `tokens` the sum) and:
 
 - `tokens_per_s`: real tokens trained by all drafters per second of wall time (the job's rate);
 - `roles`: `{"target": {...}, "drafter": {...}}` with `tokens_per_s` (tokens produced resp.
@@ -28,14 +30,10 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from trainer.config import TrainConfig
-from trainer.curves import TrainingCurves
 
 METRICS = "metrics.jsonl"
 GIB = 1024**3
@@ -79,27 +77,13 @@ class RankStats:
 
 
 class RoleMetrics:
-    """Drafter rank 0: the log line and the metrics.jsonl row of each logged step."""
+    """Drafter rank 0: the fields a split run adds to each metrics row and its log line (the
+    row itself is the training loop's, `trainer.trainer`)."""
 
-    def __init__(self, session, out_dir: Path, config: TrainConfig, emit: Callable[[str], None]):
+    def __init__(self, session) -> None:
         self.session = session
-        self.path = Path(out_dir) / METRICS
-        self.config = config
-        self.emit = emit
         self.prev: dict[int, dict] = {}
         self.last_entry: dict[int, dict] = {}
-        self.prev_time = time.perf_counter()
-        self.pending_tokens = 0
-        self.curves = TrainingCurves(out_dir, enabled=config.run.tensorboard)
-
-    def exclude(self, seconds: float) -> None:
-        """Leave `seconds` (a checkpoint write) out of the next row's tokens/s: it measures
-        training, not the pauses between steps."""
-        self.prev_time += seconds
-
-    def count(self, tokens: int) -> None:
-        """Tokens trained by all drafters in one step (every step, logged or not)."""
-        self.pending_tokens += tokens
 
     def _ranks(self) -> list[dict]:
         store = self.session.store
@@ -110,14 +94,13 @@ class RoleMetrics:
                 out.append(json.loads(store.get(key)))
         return out
 
-    def log(self, step: int, s: dict) -> dict:
-        now = time.perf_counter()
-        wall = max(now - self.prev_time, 1e-9)
+    def _rank_entries(self) -> list[dict]:
+        """Each rank's rates since its previous entry (its last rates when not republished)."""
         ranks = []
         for cur in self._ranks():
             old = self.prev.get(cur["rank"], {"tokens": 0, "wait_s": 0.0, "elapsed_s": 0.0})
             if cur["elapsed_s"] == old["elapsed_s"] and cur["rank"] in self.last_entry:
-                ranks.append(self.last_entry[cur["rank"]])  # not republished since: last rates
+                ranks.append(self.last_entry[cur["rank"]])
                 continue
             span = max(cur["elapsed_s"] - old["elapsed_s"], 1e-9)
             entry = {
@@ -130,6 +113,11 @@ class RoleMetrics:
             ranks.append(entry)
             self.prev[cur["rank"]] = cur
             self.last_entry[cur["rank"]] = entry
+        return ranks
+
+    def fields(self) -> tuple[dict, str]:
+        """(`roles`, `in_flight`, `batches`, `ranks` of the row; the log line's suffix)."""
+        ranks = self._rank_entries()
         roles = {}
         for role in ("target", "drafter"):
             mine = [r for r in ranks if r["role"] == role]
@@ -140,38 +128,20 @@ class RoleMetrics:
             }
         store = self.session.store
         produced, trained = store.add("produced", 0), store.add("trained", 0)
-        tps = self.pending_tokens / wall
-        self.pending_tokens = 0
-        self.prev_time = now
+        in_flight = sum(r["in_flight"] for r in ranks if r["role"] == "target")
+        t, d = roles["target"], roles["drafter"]
+        suffix = (
+            f" | target {t['tokens_per_s']:,.0f} tok/s wait {100 * t['wait_frac']:.0f}% | "
+            f"drafter {d['tokens_per_s']:,.0f} tok/s wait {100 * d['wait_frac']:.0f}% | "
+            f"in flight {in_flight}"
+        )
         row = {
-            "step": step,
-            "time": time.time(),
-            "loss": s["loss"],
-            "ce": s["ce"],
-            "kl": s["kl"],
-            "cap": s["cap"],
-            "lr": s["lr"],
-            "tokens_per_s": tps,
-            "slot_accuracy": s["slot_accuracy"],
-            "grad_norm": s["grad_norm"],
-            "tokens": s["tokens"],
             "roles": roles,
-            "in_flight": sum(r["in_flight"] for r in ranks if r["role"] == "target"),
+            "in_flight": in_flight,
             "batches": {"produced": produced, "trained": trained},
             "ranks": ranks,
         }
-        acc = " ".join("--" if a is None else f"{100 * a:.0f}" for a in s["slot_accuracy"])
-        t, d = roles["target"], roles["drafter"]
-        self.emit(
-            f"step {step}/{self.config.run.steps} | loss {s['loss']:.4f} ce {s['ce']:.4f} "
-            f"kl {s['kl']:.4f} cap {s['cap']:.4f} | acc% {acc} | {tps:,.0f} tok/s | "
-            f"lr {s['lr']:.2e} | gnorm {s['grad_norm']:.2f} | target {t['tokens_per_s']:,.0f} "
-            f"tok/s wait {100 * t['wait_frac']:.0f}% | drafter {d['tokens_per_s']:,.0f} tok/s "
-            f"wait {100 * d['wait_frac']:.0f}% | in flight {row['in_flight']}"
-        )
-        append_row(self.path, row)
-        self.curves.write(row)
-        return row
+        return row, suffix
 
 
 def append_row(path: Path, row: dict) -> None:

@@ -110,8 +110,7 @@ def measure_rates(
     `target`: an already loaded `trainer.target.Target` (else `model.target` is loaded)."""
     from trainer.data import BatchStream, load_data
     from trainer.pipeline import DrafterWorker, TargetWorker
-    from trainer.target import load_target
-    from trainer.trainer import resolve_device
+    from trainer.runtime import load_configured_target, resolve_device
 
     tdev = target_device or resolve_device(config.run.device)
     if drafter_device is None:
@@ -120,9 +119,7 @@ def measure_rates(
             drafter_device = torch.device("cuda", (tdev.index or 0) + 1)
     m = config.model
     if target is None:
-        target = load_target(
-            m.target, device=tdev, layers=m.target_layers, num_layers=m.num_target_layers
-        )
+        target = load_configured_target(config, tdev)
     stream = BatchStream(
         load_data(config, out_dir),
         config.data,
@@ -225,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)
-        from trainer.trainer import resolve_demo
+        from trainer.runtime import resolve_demo
 
         config = resolve_demo(config, Path(args.out))
         if config.run.threads:

@@ -21,22 +21,17 @@ no random numbers, so resume stays exact.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from trainer.config import TrainConfigError
 from trainer.data import Sample, template_options
-from trainer.evaluate import (
-    BlockDrafter,
-    DFlashDrafter,
-    EvalReport,
-    baseline_drafter,
-    evaluate,
-    load_prompts,
-    prompt_of_sample,
-)
+from trainer.eval_prompts import load_prompts, prompt_of_sample
 from trainer.model import Drafter
+from trainer.prompt_lookup import baseline_drafter
+from trainer.speculative import BlockDrafter, DFlashDrafter, EvalReport, evaluate
 from trainer.target import Target
 
 MEMORISING = "the drafter memorises its training data: more data or fewer epochs"
@@ -81,6 +76,21 @@ class ProbeReport:
         if self.baseline is not None:
             extra.append(f"lookup {self.baseline.tau:.2f}")
         return f" | tau {self.held_out.tau:.2f}" + (f" ({', '.join(extra)})" if extra else "")
+
+    def to_json(self) -> str:
+        """The whole report as JSON: how a split run's target rank hands it to the drafters."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: str) -> ProbeReport:
+        d = json.loads(raw)
+
+        def report(r: dict | None) -> EvalReport | None:
+            return None if r is None else EvalReport(**r)
+
+        held = report(d["held_out"])
+        assert held is not None
+        return cls(d["step"], held, report(d["train"]), report(d["baseline"]), d["memorising"])
 
     def row(self) -> dict[str, Any]:
         """The `probe` entry of the metrics rows (the latest probe, repeated on later rows)."""

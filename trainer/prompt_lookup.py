@@ -60,3 +60,17 @@ class PromptLookupDrafter:
 
     def describe(self) -> str:
         return f"prompt lookup (n {self.max_n}…{self.min_n})"
+
+
+BASELINES = ("prompt-lookup", "none")
+
+
+def baseline_drafter(
+    name: str, block_size: int, *, max_n: int = 4, min_n: int = 1
+) -> PromptLookupDrafter | None:
+    """The baseline `name` (one of `BASELINES`) at the drafter's block size; None for "none"."""
+    if name == "none":
+        return None
+    if name == "prompt-lookup":
+        return PromptLookupDrafter(block_size, max_n=max_n, min_n=min_n)
+    raise ValueError(f"unknown baseline {name!r}: expected one of {', '.join(BASELINES)}")

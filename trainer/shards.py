@@ -25,15 +25,13 @@ import re
 import struct
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 import numpy as np
 
 from trainer.checkpoint import _fsync_dir as fsync_dir
 from trainer.errors import TrainerError
-
-if TYPE_CHECKING:
-    from trainer.data import Sample
+from trainer.formats import Sample
 
 MAGIC = b"DFSHARD1"
 ALIGN = 64
@@ -223,8 +221,6 @@ class ShardSamples(Sequence["Sample"]):
     def __getitem__(self, i: int | slice) -> Sample | ShardSamples:
         if isinstance(i, slice):
             return ShardSamples(self.source, max_len=self.max_len, rows=self.rows[i])
-        from trainer.data import Sample
-
         ids, mask = self.source[self.rows[i]]
         if self.max_len is not None:
             ids, mask = ids[: self.max_len], mask[: self.max_len]

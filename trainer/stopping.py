@@ -12,7 +12,7 @@ ends the process: a stop right after a deploy does not wait for the target to lo
 
 Split runs: torchrun forwards the signal to every worker (each in its own session); the ranks
 agree on the step through the drafters' per-step all-reduce and the control store
-(`trainer.split`), and SIGTERM reaches `StopRequest.request` through the SIGTERM thread of
+(`trainer.segments`), and SIGTERM reaches `StopRequest.request` through the SIGTERM thread of
 `trainer.distributed` (it is blocked in every other thread there).
 """
 

@@ -5,7 +5,8 @@
     DFLASH_TARGET_GPUS=5 torchrun --nproc-per-node 8 -m trainer.train --config … --out …
 
 Under torchrun (WORLD_SIZE > 1) the ranks split into target and drafter workers
-(`trainer.split`); one process trains colocated (`trainer.trainer`).
+(`trainer.split`); one process trains colocated. Both train through the same loop
+(`trainer.trainer.Trainer`).
 
 `--config` is a standalone TOML or a deploy.toml (its `[train]` table); `--set key=value`
 overrides any setting (dotted keys, TOML values). The run folder `--out` receives checkpoints

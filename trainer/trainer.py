@@ -1,12 +1,18 @@
-"""The training loop: builds the target, data, drafter and workers from a `TrainConfig`,
-resumes from the newest verified checkpoint, logs every step and checkpoints every N steps.
+"""The training loop, one for every kind of run: builds the drafter, resumes from the newest
+verified checkpoint, trains, logs, probes and checkpoints. Where the target's features come from
+is its `FeatureSource` (`trainer.features`): a target in this process (`LocalTarget`, the
+colocated run) or the target ranks of a split run (`TargetRanks`, `trainer.split_drafter`).
 
 Exact resume: a checkpoint holds the drafter, AdamW and schedule states, the data position
 (epoch, index), the step, and the torch RNG states; anchors and noise are drawn from generators
-seeded by (seed, epoch, index) and (seed, step), so a resumed run repeats the uninterrupted
-run's losses.
+seeded by (seed, epoch, index) and (seed, global batch index), so a resumed run repeats the
+uninterrupted run's losses, and a 1 + 1 split run repeats the colocated run's.
 
-Stopping (`trainer.stopping`): after a SIGINT/SIGTERM the step in progress finishes, a
+Every step, in order: the source's features, the drafter's step, the step's summary (averaged
+over the drafters of a split run), the τ probe every `eval.every` steps (`trainer.probe`), the
+metrics row every `run.log_every` steps (and at probes and the last step), a checkpoint every
+`run.checkpoint_every` steps and at `run.steps`. Stopping (`trainer.stopping`): after a
+SIGINT/SIGTERM the step in progress finishes (a split run's drafters agree on the step), a
 checkpoint of it is written (unless that step just wrote one) and `run` returns.
 """
 
@@ -21,41 +27,49 @@ from typing import Any
 import torch
 
 from trainer import checkpoint as ckpt
-from trainer.config import TrainConfig, with_overrides
+from trainer.config import TrainConfig
 from trainer.curves import TrainingCurves
-from trainer.data import BatchStream, DataPosition, load_data, repeat_note
-from trainer.evaluate import split_holdout
-from trainer.metrics import append_row, truncate_rows
-from trainer.pipeline import COMPILE_NOTE, DrafterWorker, StepResult, TargetWorker, lr_at
-from trainer.probe import ProbeReport, TauProbe
+from trainer.data import DataPosition
+from trainer.features import FeatureSource, LocalTarget, StepSummary
+from trainer.metrics import METRICS, append_row, truncate_rows
+from trainer.pipeline import COMPILE_NOTE, DrafterWorker, StepResult, lr_at
+from trainer.probe import ProbeReport
+from trainer.runtime import resolve_demo, resolve_device
 from trainer.stopping import StopRequest, write_record
-from trainer.target import load_target
 
 log = logging.getLogger("trainer")
-METRICS = "metrics.jsonl"
+__all__ = ["Trainer", "resolve_demo", "resolve_device"]
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+def _silent(_: str) -> None:
+    pass
 
 
-def resolve_demo(config: TrainConfig, out_dir: Path) -> TrainConfig:
-    """With `demo.enabled`, build (or reuse) the demo assets and point the run at them."""
-    if not config.demo.enabled:
-        return config
-    from trainer.demo import ensure_demo_assets
+class Rate:
+    """Tokens per second of training between two metrics rows: checkpoint writes and probes
+    are left out (they are not training)."""
 
-    folder = (
-        Path(config.demo.folder) if config.demo.folder else out_dir.resolve().parent / "demo-assets"
-    )
-    target_dir, data_path = ensure_demo_assets(folder, config.demo)
-    return with_overrides(config, model={"target": str(target_dir)}, data={"path": str(data_path)})
+    def __init__(self) -> None:
+        self.since = time.perf_counter()
+        self.tokens = 0
+
+    def count(self, tokens: int) -> None:
+        self.tokens += tokens
+
+    def exclude(self, seconds: float) -> None:
+        self.since += seconds
+
+    def take(self) -> float:
+        now = time.perf_counter()
+        rate = self.tokens / max(now - self.since, 1e-9)
+        self.since, self.tokens = now, 0
+        return rate
 
 
 class Trainer:
-    """One training run into `out_dir` (checkpoints, metrics.jsonl)."""
+    """One training run into `out_dir` (checkpoints, metrics.jsonl). Without `source`, the
+    colocated run: the target is loaded here. `save_checkpoints=False` is for benchmarks only
+    (a run that cannot be resumed)."""
 
     def __init__(
         self,
@@ -65,61 +79,68 @@ class Trainer:
         force_resume: bool = False,
         emit: Callable[[str], None] | None = None,
         stop: StopRequest | None = None,
+        source: FeatureSource | None = None,
+        save_checkpoints: bool = True,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.emit = emit or log.info
         self.stop = stop
-        self.config = resolve_demo(config, self.out_dir)
-        cfg = self.config
-        found, self.schedule_changes = find_checkpoint(cfg, self.out_dir, self.emit, force_resume)
+        self.save_checkpoints = save_checkpoints
+        emit = emit or log.info
+        self.lead = source is None or source.lead
+        self.emit = emit if self.lead else _silent
+        self.config = cfg = resolve_demo(config, self.out_dir) if source is None else config
+        found, changes = find_checkpoint(
+            cfg,
+            self.out_dir,
+            self.emit,
+            force_resume,
+            finished_ok=source is not None and source.collective,
+        )
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
-        self.device = resolve_device(cfg.run.device)
-        torch.manual_seed(cfg.run.seed)
-        target = load_target(
-            cfg.model.target,
-            device=self.device,
-            layers=cfg.model.target_layers,
-            num_layers=cfg.model.num_target_layers,
-        )
-        self.target_worker = TargetWorker(target)
-        self.drafter_worker = DrafterWorker.for_target(target, cfg, self.device)
+        if source is None:
+            source = LocalTarget(cfg, self.out_dir, resolve_device(cfg.run.device), emit)
+        self.source = source
+        self.device = source.device
+        state = ckpt.load_state(found.path, map_location=self.device) if found.path else None
+        self.step = int(state["step"]) if state else 0
+        self.start_step = self.step
+        source.start(self.step, DataPosition(**state["data_position"]) if state else DataPosition())
+        torch.manual_seed(cfg.run.seed)  # the drafter's initial weights: the same in every run
+        self.drafter_worker = source.drafter_worker(cfg)
         if self.drafter_worker.compiled:
             self.emit(COMPILE_NOTE)
-        samples = load_data(cfg, self.out_dir, emit=self.emit)
-        samples, held_out = split_holdout(samples, cfg.data.holdout)
-        self.probe = TauProbe.from_config(cfg, target, held_out, samples)
-        self.last_probe: ProbeReport | None = None
-        self.curves = TrainingCurves(self.out_dir, enabled=cfg.run.tensorboard)
-        self.stream = BatchStream(
-            samples, cfg.data, block_size=cfg.model.block_size, seed=cfg.run.seed
+        if state is not None and found.path is not None:
+            self._resume(state, found.path, changes)
+        self._resolved = resolved_values(
+            cfg,
+            target_layers=source.target_layers(),
+            worker=self.drafter_worker,
+            device=self.device,
         )
-        self.step = 0
-        self._resume(found)
+        source.prepare(self.drafter_worker)
+        self.last_probe: ProbeReport | None = None
+        self.curves = TrainingCurves(self.out_dir, enabled=cfg.run.tensorboard and self.lead)
+        self.rate = Rate()
+        self.summary: dict[str, Any] = {}
 
-    def _resume(self, found: ckpt.Found) -> None:
-        if found.path is None:
-            return
-        state = ckpt.load_state(found.path, map_location=self.device)
+    def _resume(self, state: dict, path: Path, changes: list[str]) -> None:
         self.drafter_worker.load_state_dict(state["worker"])
-        self.stream.position = DataPosition(**state["data_position"])
-        self.step = int(state["step"])
         torch.set_rng_state(state["rng"]["cpu"].cpu())
         if "cuda" in state["rng"] and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), self.device)
-        trim_metrics(self.out_dir, self.step, self.emit)
-        self.emit(f"resumed from {found.path.name} (step {self.step})")
-        if self.schedule_changes:
-            apply_schedule(
-                self.drafter_worker, self.config, self.step, self.schedule_changes, self.emit
-            )
+        if self.lead:
+            trim_metrics(self.out_dir, self.step, self.emit)
+        self.emit(f"resumed from {path.name} (step {self.step})")
+        if changes:
+            apply_schedule(self.drafter_worker, self.config, self.step, changes, self.emit)
 
     def state(self) -> dict:
         rng = {"cpu": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        pos = self.stream.position
+        pos = self.source.position(self.step)
         return {
             "step": self.step,
             "worker": self.drafter_worker.state_dict(),
@@ -129,14 +150,10 @@ class Trainer:
 
     def resolved(self) -> dict[str, Any]:
         """The values this run chose where the config says "automatic"."""
-        return resolved_values(
-            self.config,
-            target_layers=self.target_worker.target.layers,
-            worker=self.drafter_worker,
-            device=self.device,
-        )
+        return dict(self._resolved)
 
     def save(self) -> Path:
+        began = time.perf_counter()
         path = ckpt.save_checkpoint(
             self.out_dir,
             self.step,
@@ -146,99 +163,125 @@ class Trainer:
             resolved=self.resolved(),
         )
         self.emit(f"checkpoint {path.name}")
+        self.rate.exclude(time.perf_counter() - began)
         return path
 
     def run(self, *, until: int | None = None) -> list[StepResult]:
-        """Train up to step `until` (default: run.steps); returns this call's step results."""
+        """Train up to step `until` (default: run.steps); returns this call's step results
+        (this process's own, before any averaging over drafters)."""
         run = self.config.run
         until = run.steps if until is None else min(until, run.steps)
         results: list[StepResult] = []
-        saved: Path | None = None
         if self.stop is not None:
             self.stop.begin()
+        self.rate = Rate()
         while self.step < until:
-            if self.stop is not None and self.stop.requested and not results:
+            if self._asked() and not results and not self.source.collective:
                 self.emit(
                     f"stopped at step {self.step} before training a step: nothing new to save"
                 )
                 write_record("stopped")
                 break
-            start = time.perf_counter()
-            epoch = self.stream.position.epoch
-            features = self.target_worker.produce(self.stream.next_batch())
-            if self.stream.position.epoch > epoch:
-                self.emit(repeat_note(self.stream.position.epoch, len(self.stream.samples)))
-            result = self.drafter_worker.train_step(features, self.step)
+            features, index = self.source.next(self.step)
+            result = self.drafter_worker.train_step(features, index)
             self.step += 1
-            elapsed = time.perf_counter() - start
             results.append(result)
-            report = self._evaluate()  # after `elapsed`: tokens/s never counts the evaluation
+            summary = self.source.summarize(result, asked=self._asked())
+            self.rate.count(summary.tokens)
+            report = self._probe()
             if report is not None or self.step % run.log_every == 0 or self.step == until:
-                self._log(result, elapsed, report)
-            saved = None
-            if (
-                run.checkpoint_every and self.step % run.checkpoint_every == 0
-            ) or self.step == run.steps:
-                saved = self.save()
-            if self.stop is not None and self.stop.requested:
-                self._stopped(saved or self.save())
+                self._log(summary, report)
+            stopping = self.source.stop_now(self.step, summary)
+            saved = self._checkpoint(stopping)
+            if stopping:
+                self._stopped(saved)
                 break
+        self.summary = self.source.finish(self.step, self.drafter_worker.drafter)
         return results
 
-    def _stopped(self, path: Path) -> None:
-        line = f"stopped at step {self.step}, checkpoint saved to {path}"
-        self.emit(line)
+    def _asked(self) -> bool:
+        return self.stop is not None and self.stop.requested
+
+    def _checkpoint(self, stopping: bool) -> Path | None:
+        """At the cadence, at the last step and at a stop; by the lead alone."""
+        every, steps = self.config.run.checkpoint_every, self.config.run.steps
+        due = (every and self.step % every == 0) or self.step == steps or stopping
+        if not (due and self.lead and self.save_checkpoints):
+            return None
+        return self.save()
+
+    def _stopped(self, saved: Path | None) -> None:
+        self.source.stopped(self.step)
+        if not self.lead:
+            return
+        line = f"stopped at step {self.step}, checkpoint saved to {saved}"
+        self.emit(line if saved else f"stopped at step {self.step} (checkpoints are off)")
         write_record(line)
 
-    def _evaluate(self) -> ProbeReport | None:
+    def _probe(self) -> ProbeReport | None:
         """τ on the held-out and training prompts every `eval.every` steps (`trainer.probe`;
         greedy: draws no random numbers, so resume stays exact)."""
         every = self.config.eval.every
-        if self.probe is None or self.step % every:
+        if not every or self.step % every:
             return None
-        report = self.probe(self.drafter_worker.drafter, step=self.step)
+        began = time.perf_counter()
+        report = self.source.probe(self.drafter_worker.drafter, self.step)
+        self.rate.exclude(time.perf_counter() - began)
+        if report is None:
+            return None
         self.last_probe = report
         if report.warning:
             self.emit(f"warning: step {self.step}: {report.warning}")
         return report
 
-    def _log(self, r: StepResult, elapsed: float, report: ProbeReport | None = None) -> None:
-        tps = r.tokens / elapsed if elapsed > 0 else 0.0
-        acc = " ".join("--" if a != a else f"{100 * a:.0f}" for a in r.slot_accuracy)
-        tau = report.log_fields() if report is not None else ""
-        self.emit(
-            f"step {self.step}/{self.config.run.steps} | loss {r.loss:.4f} ce {r.ce:.4f} kl {r.kl:.4f} "
-            f"cap {r.cap:.4f} | acc% {acc}{tau} | {tps:,.0f} tok/s | lr {r.lr:.2e} | gnorm {r.grad_norm:.2f}"
-        )
-        row = {
+    def _log(self, s: StepSummary, report: ProbeReport | None) -> None:
+        if not self.lead:
+            return
+        tps = self.rate.take()
+        row: dict[str, Any] = {
             "step": self.step,
             "time": time.time(),
-            "loss": r.loss,
-            "ce": r.ce,
-            "kl": r.kl,
-            "cap": r.cap,
-            "lr": r.lr,
+            "loss": s.loss,
+            "ce": s.ce,
+            "kl": s.kl,
+            "cap": s.cap,
+            "lr": s.lr,
             "tokens_per_s": tps,
-            "slot_accuracy": [None if a != a else a for a in r.slot_accuracy],
-            "grad_norm": r.grad_norm,
-            "tokens": r.tokens,
-            "epochs": self.stream.epochs,
+            "slot_accuracy": s.slot_accuracy,
+            "grad_norm": s.grad_norm,
+            "tokens": s.tokens,
+            "epochs": self.source.epochs(self.step),
         }
         if report is not None:
             row["tau"] = report.held_out.tau
             row["slot_acceptance"] = report.held_out.slot_acceptance
         if self.last_probe is not None:
             row["probe"] = self.last_probe.row()
+        extra, suffix = self.source.extra()
+        row.update(extra)
+        acc = " ".join("--" if a is None else f"{100 * a:.0f}" for a in s.slot_accuracy)
+        tau = report.log_fields() if report is not None else ""
+        self.emit(
+            f"step {self.step}/{self.config.run.steps} | loss {s.loss:.4f} ce {s.ce:.4f} "
+            f"kl {s.kl:.4f} cap {s.cap:.4f} | acc% {acc}{tau} | {tps:,.0f} tok/s | "
+            f"lr {s.lr:.2e} | gnorm {s.grad_norm:.2f}{suffix}"
+        )
         append_row(self.out_dir / METRICS, row)
         self.curves.write(row)
 
 
 def find_checkpoint(
-    config: TrainConfig, out_dir: Path, emit: Callable[[str], None], force: bool
+    config: TrainConfig,
+    out_dir: Path,
+    emit: Callable[[str], None],
+    force: bool,
+    *,
+    finished_ok: bool = False,
 ) -> tuple[ckpt.Found, list[str]]:
     """Before anything heavy is loaded: the checkpoint to resume (refused if its model/data
     settings differ, if its lr schedule differs without `run.extend`, or if the run is already
-    finished) and the schedule changes to apply."""
+    finished) and the schedule changes to apply. `finished_ok`: a finished run is said and
+    resumed at its end, so it trains no step (every rank of a split run then ends normally)."""
     for path in ckpt.remove_stale_temps(out_dir):
         emit(f"removed {path.name}: an interrupted checkpoint write")
     found = ckpt.find_resumable(out_dir)
@@ -249,7 +292,13 @@ def find_checkpoint(
     changed = ckpt.check_compatible(found, config, force=force)
     if changed:
         emit(f"resuming despite changed settings (--force-resume): {', '.join(changed)}")
-    return found, ckpt.check_schedule(found, config)
+    try:
+        return found, ckpt.check_schedule(found, config)
+    except ckpt.RunFinished as exc:
+        if not finished_ok:
+            raise
+        emit(str(exc))
+        return found, []
 
 
 def trim_metrics(out_dir: Path, step: int, emit: Callable[[str], None]) -> None:

@@ -19,8 +19,8 @@ DEMO = {"enabled": True, "num_samples": 8, "num_layers": 2, "prompt_len": 6, "ge
 def test_prompt_lookup_is_lossless_on_cuda(tmp_path: Path) -> None:
     from trainer.config import DemoConfig
     from trainer.demo import ensure_demo_assets
-    from trainer.evaluate import evaluate
     from trainer.prompt_lookup import PromptLookupDrafter
+    from trainer.speculative import evaluate
     from trainer.target import load_target
 
     target_dir, _ = ensure_demo_assets(tmp_path, DemoConfig(**DEMO))

@@ -1,0 +1,87 @@
+"""The prompts a drafter is judged on, from the training JSONL formats: a tokenized line gives
+its unsupervised prefix, a chat line the conversation before its last assistant turn, rendered
+with the target's chat template (`trainer.evaluate`, the τ probe of `trainer.probe`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainer.chat import DEFAULT_TEMPLATE, TemplateOptions, load_tokenizer, render
+from trainer.data import Sample
+from trainer.errors import TrainerError
+
+
+class PromptFileError(TrainerError, ValueError):
+    """A prompt file line is not in one of the training JSONL formats."""
+
+    hint = (
+        'Each line: {"input_ids": [...], "loss_mask": [...]} (the prompt is the unsupervised '
+        'prefix) or {"messages": [{"role": ..., "content": ...}, ...]}.'
+    )
+
+
+def prompt_of_sample(sample: Sample) -> list[int]:
+    """The unsupervised prefix of a tokenized sample: what the model was given, not trained on."""
+    end = next((i for i, m in enumerate(sample.loss_mask) if m), len(sample.loss_mask))
+    return sample.input_ids[:end]
+
+
+def load_prompts(
+    path: str | Path,
+    *,
+    tokenizer_dir: str | Path | None = None,
+    limit: int | None = None,
+    template: TemplateOptions = DEFAULT_TEMPLATE,
+) -> list[list[int]]:
+    """Prompts from the training JSONL formats: tokenized lines give their unsupervised prefix;
+    chat lines give the conversation up to (without) the last assistant turn, rendered with the
+    target's chat template, the training data's template options and the generation prompt
+    (needs `tokenizer_dir`)."""
+    prompts: list[list[int]] = []
+    tokenizer = None
+    with open(path) as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise PromptFileError(f"{where}: not JSON ({exc})") from exc
+            if isinstance(row, dict) and "input_ids" in row:
+                mask = row.get("loss_mask", [0] * len(row["input_ids"]))
+                if len(mask) != len(row["input_ids"]):
+                    raise PromptFileError(f"{where}: input_ids and loss_mask differ in length")
+                prompt = prompt_of_sample(
+                    Sample([int(t) for t in row["input_ids"]], [bool(m) for m in mask])
+                )
+            elif isinstance(row, dict) and isinstance(row.get("messages"), list):
+                if tokenizer is None:
+                    tokenizer = _tokenizer(tokenizer_dir, where)
+                prompt = _chat_prompt(tokenizer, row["messages"], template)
+            else:
+                raise PromptFileError(f"{where}: expected input_ids or messages")
+            if not prompt:
+                raise PromptFileError(f"{where}: empty prompt (the first token is supervised)")
+            prompts.append(prompt)
+            if limit is not None and len(prompts) >= limit:
+                break
+    if not prompts:
+        raise PromptFileError(f"{path}: no prompts")
+    return prompts
+
+
+def _tokenizer(folder: str | Path | None, where: str) -> Any:
+    if folder is None:
+        raise PromptFileError(f"{where}: chat prompts need the target's tokenizer folder")
+    return load_tokenizer(folder)
+
+
+def _chat_prompt(
+    tokenizer: Any, messages: list[dict[str, str]], template: TemplateOptions
+) -> list[int]:
+    if messages and messages[-1].get("role") == "assistant":
+        messages = messages[:-1]
+    return render(tokenizer, template.messages(messages), template, prompt=True)

@@ -1,0 +1,169 @@
+"""Where a `Trainer` gets the target's features from: the one seam between the colocated run
+and the split run.
+
+`FeatureSource` is what the training loop (`trainer.trainer`) asks of either:
+- `LocalTarget` (here): this process holds the target, the data (the `data.holdout` samples
+  kept out) and the τ probe; every step it draws the next batch and runs the target on it;
+- `TargetRanks` (`trainer.split_drafter`): a drafter rank of a split run; the features come
+  from the target ranks, the step's figures are averaged over the drafters, they agree on the
+  step a stop ends after, and the τ probe runs on target rank 0 (`trainer.probe_link`).
+Resume, checkpoint cadence, the probe schedule, graceful stop, metrics rows and TensorBoard
+curves are the loop's, written once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from trainer.config import TrainConfig
+from trainer.data import BatchStream, DataPosition, load_data, repeat_note, split_holdout
+from trainer.model import Drafter
+from trainer.pipeline import DrafterWorker, Features, StepResult, TargetWorker
+from trainer.probe import ProbeReport, TauProbe
+from trainer.runtime import load_configured_target
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSummary:
+    """One optimizer step as logged: loss terms and slot accuracies (means over the drafters
+    that trained it), tokens (their sum); `stop`: whether any rank asked to stop."""
+
+    loss: float
+    ce: float
+    kl: float
+    cap: float
+    lr: float
+    grad_norm: float
+    tokens: int
+    slot_accuracy: list[float | None]  # None: no label in that slot
+    stop: bool = False
+
+    @classmethod
+    def of(cls, r: StepResult, *, stop: bool = False) -> StepSummary:
+        return cls(
+            loss=r.loss,
+            ce=r.ce,
+            kl=r.kl,
+            cap=r.cap,
+            lr=r.lr,
+            grad_norm=r.grad_norm,
+            tokens=r.tokens,
+            slot_accuracy=[None if math.isnan(a) else a for a in r.slot_accuracy],
+            stop=stop,
+        )
+
+
+class FeatureSource(Protocol):
+    """What the training loop needs from wherever the features come from."""
+
+    device: torch.device
+    lead: bool  # this process writes the log, the metrics rows and the checkpoints
+    collective: bool  # several processes train together (a finished run then ends quietly)
+
+    def start(self, step: int, position: DataPosition) -> None:
+        """Training resumes after `step` steps with the data at `position`."""
+
+    def drafter_worker(self, config: TrainConfig) -> DrafterWorker:
+        """A new drafter shaped after the target (the global generator already seeded)."""
+
+    def target_layers(self) -> list[int]: ...
+
+    def prepare(self, worker: DrafterWorker) -> None:
+        """After the worker's state is loaded, before the first step (e.g. DDP)."""
+
+    def next(self, step: int) -> tuple[Features, int]:
+        """The features step `step + 1` trains and the batch's global index (its noise)."""
+
+    def summarize(self, result: StepResult, *, asked: bool) -> StepSummary:
+        """The step as logged; `asked`: this process's stop request."""
+
+    def stop_now(self, step: int, summary: StepSummary) -> bool:
+        """Whether the run stops after `step` (the same step on every process)."""
+
+    def position(self, step: int) -> DataPosition:
+        """The data position after `step` steps (what a checkpoint of that step records)."""
+
+    def epochs(self, step: int) -> float:
+        """Passes over the training samples after `step` steps."""
+
+    def probe(self, drafter: Drafter, step: int) -> ProbeReport | None:
+        """The τ probe of `drafter` at `step` (None on processes that do not log)."""
+
+    def extra(self) -> tuple[dict[str, Any], str]:
+        """Fields this kind of run adds to a metrics row, and to its log line."""
+
+    def stopped(self, step: int) -> None:
+        """The loop ended on a stop at `step` (its checkpoint written)."""
+
+    def finish(self, step: int, drafter: Drafter) -> dict[str, Any]:
+        """The loop is over; this process's summary."""
+
+
+class LocalTarget:
+    """The colocated run's source: target, data and probe in this process."""
+
+    lead = True
+    collective = False
+
+    def __init__(
+        self, config: TrainConfig, out_dir: Path, device: torch.device, emit: Callable[[str], None]
+    ) -> None:
+        self.device = device
+        self.emit = emit
+        self.target = load_configured_target(config, device)
+        self.worker = TargetWorker(self.target)
+        samples = load_data(config, out_dir, emit=emit)
+        samples, held_out = split_holdout(samples, config.data.holdout)
+        self.tau_probe = TauProbe.from_config(config, self.target, held_out, samples)
+        self.stream = BatchStream(
+            samples, config.data, block_size=config.model.block_size, seed=config.run.seed
+        )
+
+    def start(self, step: int, position: DataPosition) -> None:
+        self.stream.position = position
+
+    def drafter_worker(self, config: TrainConfig) -> DrafterWorker:
+        return DrafterWorker.for_target(self.target, config, self.device)
+
+    def target_layers(self) -> list[int]:
+        return list(self.target.layers)
+
+    def prepare(self, worker: DrafterWorker) -> None:
+        pass
+
+    def next(self, step: int) -> tuple[Features, int]:
+        epoch = self.stream.position.epoch
+        features = self.worker.produce(self.stream.next_batch())
+        if self.stream.position.epoch > epoch:
+            self.emit(repeat_note(self.stream.position.epoch, len(self.stream.samples)))
+        return features, step
+
+    def summarize(self, result: StepResult, *, asked: bool) -> StepSummary:
+        return StepSummary.of(result, stop=asked)
+
+    def stop_now(self, step: int, summary: StepSummary) -> bool:
+        return summary.stop
+
+    def position(self, step: int) -> DataPosition:
+        return self.stream.position
+
+    def epochs(self, step: int) -> float:
+        return self.stream.epochs
+
+    def probe(self, drafter: Drafter, step: int) -> ProbeReport | None:
+        return None if self.tau_probe is None else self.tau_probe(drafter, step=step)
+
+    def extra(self) -> tuple[dict[str, Any], str]:
+        return {}, ""
+
+    def stopped(self, step: int) -> None:
+        pass
+
+    def finish(self, step: int, drafter: Drafter) -> dict[str, Any]:
+        return {"role": "colocated", "step": step}
