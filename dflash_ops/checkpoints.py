@@ -5,11 +5,13 @@ entry of the folder — checkpoints, metrics, the previous run's log — into
 `<checkpoints>/archive/<UTC time>/` by rename (same filesystem: instant, whatever the size), so
 the trainer starts from an empty folder and the old run can still be recovered.
 
-`prune(keep=N)` is the one deletion, of archived *runs* only (never the live entries). A run is
-a real folder directly in `archive/` named by `archive_dest` (`YYYYMMDDTHHMMSS.mmmZ`); anything
-else there — a symlink, a file, a folder with another name — is not a run: it is never counted
-among the N kept, never followed and never deleted, only reported. Each deletion is one command
-at the place that proves, there, that the entry is such a run: not a link, a folder, named as a
+Archiving is a step of the site program (`remote/site.sh`: `checkpoints_archive`), run inside
+deploy's and restart's one command. Pruning (`remote.client.prune_runs`, what `doomed` chooses)
+is the one deletion, of archived *runs* only (never the live entries). A run is a real folder
+directly in `archive/` named by `archive_dest` (`YYYYMMDDTHHMMSS.mmmZ`); anything else there — a
+symlink, a file, a folder with another name — is not a run: it is never counted among the N
+kept, never followed and never deleted, only reported. Each deletion is one command at the place
+(`site.sh prune-run`) that proves, there, that the entry is such a run: not a link, a folder, named as a
 run, its parent resolving (`realpath -e`) to `<checkpoints>/archive` strictly inside the
 checkpoints folder (so `/`, an empty path and `..` are refused before `rm` runs). `rm -rf` is
 given the entry itself, never a resolved path: a link swapped in at the last moment is removed
@@ -24,53 +26,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dflash_ops import shell
-from dflash_ops.errors import CheckpointPathError, RemoteCommandFailed, UnsafeValue
+from dflash_ops.errors import CheckpointPathError, UnsafeValue
 
 if TYPE_CHECKING:
     from dflash_ops.place import Place
 
 ARCHIVE = "archive"
+Names = list[str]  # `list` is also a method of Checkpoints
 # The name `archive_dest` gives a run: a UTC time to the millisecond. Nothing else is a run.
 RUN_PATTERN = r"^[0-9]{8}T[0-9]{6}\.[0-9]{3}Z$"
 _RUN = re.compile(RUN_PATTERN)
-
-# $1 checkpoints folder, $2 the archived run to delete. Exit 3 (with a message) to refuse.
-_REMOVE_ARCHIVED = (
-    "set -e\n"
-    "entry=$2 name=${2##*/}\n"
-    'refuse() { echo "refusing to delete $entry: $1" >&2; exit 3; }\n'
-    'base=$(realpath -e -- "$1") || refuse "the checkpoints folder does not resolve"\n'
-    'case "$base" in ""|/) refuse "the checkpoints folder resolves to ${base:-nothing}";; esac\n'
-    f'arch=$(realpath -e -- "$base/{ARCHIVE}") || refuse "there is no archive folder"\n'
-    'case "$arch/" in "$base"/?*/) ;; *) refuse "the archive folder resolves to $arch";; esac\n'
-    '[ ! -L "$entry" ] || refuse "it is a symbolic link (to $(readlink -- "$entry")): not a run"\n'
-    f'[[ $name =~ {RUN_PATTERN} ]] || refuse "it is not a run (archive/<UTC time>)"\n'
-    'parent=$(realpath -e -- "${entry%/*}/") || refuse "its folder does not resolve"\n'
-    '[ "$parent" = "$arch" ] || refuse "it is not directly inside $arch/"\n'
-    '{ [ -d "$arch/$name" ] && [ ! -L "$arch/$name" ]; } || refuse "it is not a run folder"\n'
-    'rm -rf -- "${arch:?}/$name"\n'
-)
-
-# Archiving as a bash function (values as positional arguments): `Checkpoints.archive` runs it as
-# one command; `dflash deploy` runs the same text inside its one command (`deploy_script`).
-# Entries are the folder's own names (globs, hidden ones included), never paths from outside.
-FUNCTIONS = r"""
-dflash_archive() {  # $1 folder, $2 destination; prints `moved` when it moved anything
-  # Every entry except `@ARCHIVE@/` moves into $2 (created only when there is something to move).
-  [ -d "$1" ] || return 0
-  ( cd -- "$1" || exit 1
-    dest=$2; set --
-    for e in * .[!.]* ..?*; do
-      { [ -e "$e" ] || [ -L "$e" ]; } || continue
-      [ "$e" = @ARCHIVE@ ] || set -- "$@" "$e"
-    done
-    [ "$#" -gt 0 ] || exit 0
-    mkdir -p -- "$dest" || exit 1
-    mv -- "$@" "$dest/" || exit 1
-    echo moved )
-}
-""".replace("@ARCHIVE@", ARCHIVE)
-_ARCHIVE = FUNCTIONS + 'dflash_archive "$@"\n'
 
 # Names of the entries of folder $1, NUL-separated; nothing when the folder does not exist.
 # With $2 = 1 a folder's size is what it holds (`du -sk`, in bytes), not its 4,096-byte entry.
@@ -141,15 +106,6 @@ class Checkpoints:
         now = now or dt.datetime.now(dt.UTC)
         return f"{self.archive_dir}/{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z"
 
-    def archive(self, *, now: dt.datetime | None = None) -> str | None:
-        """Move every entry except `archive/` into `archive/<UTC time>/`; returns that folder.
-
-        Returns None when there was nothing to move.
-        """
-        dest = self.archive_dest(now=now)
-        result = self.place.run(["bash", "-c", _ARCHIVE, "dflash-archive", self.path, dest])
-        return dest if result.stdout.strip() == b"moved" else None
-
     def list(self) -> Listing:
         live = [e for e in self.entries(sizes=True) if e.name != ARCHIVE]
         archived = {
@@ -159,31 +115,20 @@ class Checkpoints:
         }
         return Listing(live=live, archived=archived)
 
-    def prune(self, *, keep: int) -> PruneReport:
-        """Delete all but the newest `keep` archived runs; live entries and whatever in
-        `archive/` is not a run (`is_run`) are never touched, and never count as kept."""
+    def doomed(self, *, keep: int) -> tuple[Names, Names, Names]:
+        """What a prune keeping the newest `keep` runs would do: (runs to delete, runs kept,
+        one message per entry of `archive/` that is not a run, `is_run`, left alone)."""
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
             raise CheckpointPathError(f"--keep must be 0 or more, not {keep!r}.", hint="")
         entries = self.entries(self.archive_dir)
         stamps = sorted(e.name for e in entries if is_run(e))
         skipped = [_not_a_run(self.archive_dir, e) for e in entries if not is_run(e)]
         doomed = stamps[: len(stamps) - keep] if keep else stamps
-        deleted, refused = [], []
-        for stamp in doomed:
-            path = self._inside(stamp, folder=self.archive_dir)
-            result = self.place.run(
-                ["bash", "-c", _REMOVE_ARCHIVED, "dflash-prune", self.path, path], check=False
-            )
-            if result.exit_code == 0:
-                deleted.append(stamp)
-            elif result.exit_code == 3:
-                refused.append(result.stderr_text.strip().splitlines()[-1])
-            else:
-                raise RemoteCommandFailed(
-                    self.place.description, result.argv, result.exit_code, result.stderr_text
-                )
-        kept = [s for s in stamps if s not in doomed]
-        return PruneReport(deleted=deleted, kept=kept, refused=refused, skipped=skipped)
+        return doomed, [s for s in stamps if s not in doomed], skipped
+
+    def run_path(self, stamp: str) -> str:
+        """The path of archived run `stamp`, proven to be directly inside `archive/`."""
+        return self._inside(stamp, folder=self.archive_dir)
 
     def _inside(self, name: str, *, folder: str | None = None) -> str:
         """The path of entry `name`, proven to be directly inside the folder."""

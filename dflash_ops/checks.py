@@ -175,11 +175,6 @@ VERSION_PROBE = (
 )
 
 
-def check_python_runs(setup: Setup, place: Place, found: Findings) -> Check:
-    """`check_python` without importing torch: fast enough to run before every deploy."""
-    return check_python(setup, place, found, probe=VERSION_PROBE)
-
-
 def python_probe_argv(setup: Setup, probe: str = VERSION_PROBE) -> list[str]:
     """The job's python running `probe` with the job's environment."""
     return job_argv(setup, [setup.target.python, "-c", probe])

@@ -5,7 +5,8 @@ looks at one thing through the place and returns a `Check(name, ok, detail, fix)
 runs them in order and marks as skipped the ones whose premise failed (no python → no torch
 check). Checks never raise for what they find: an error on the way (a dropped connection, a
 refused host key) becomes a failed check carrying the error's own message and hint, so
-`dflash deploy` (through `preflight`) and `dflash doctor` say the same words.
+`dflash doctor` and deploy's preflight (the same probes inside its one command, judged by the
+same functions: `remote/client.py`) say the same words.
 
 Order and dependencies:
 
@@ -32,7 +33,6 @@ from dflash_ops.checks import (
     check_gpu_count,
     check_model,
     check_python,
-    check_python_runs,
     check_reachable,
     check_tmux,
     check_torch,
@@ -43,9 +43,8 @@ from dflash_ops.errors import DflashError
 from dflash_ops.place import Place
 from dflash_ops.smoke import check_smoke, smoke_check
 from dflash_ops.train_check import check_train_config
-from dflash_ops.workspace import Workspace
 
-__all__ = ["DEFAULT_MIN_FREE_GIB", "Check", "Setup", "diagnose", "preflight", "smoke_check"]
+__all__ = ["DEFAULT_MIN_FREE_GIB", "Check", "Setup", "diagnose", "smoke_check"]
 log = logging.getLogger(__name__)
 
 CheckFn = Callable[[Setup, Place, Findings], Check]
@@ -61,11 +60,8 @@ class Step:
 # --- running them ------------------------------------------------------------------------------
 
 
-def plan(target: Target, *, gpu_smoke: bool = True, cheap: bool = False) -> list[Step]:
-    """The checks that apply to this kind of place, in order, with what each needs.
-
-    `cheap`: only what `dflash deploy` checks first (reachable, container, tmux, python runs).
-    """
+def plan(target: Target, *, gpu_smoke: bool = True) -> list[Step]:
+    """The checks that apply to this kind of place, in order, with what each needs."""
     steps: list[Step] = []
     base: tuple[str, ...] = ()
     if target.place != "local":
@@ -74,8 +70,6 @@ def plan(target: Target, *, gpu_smoke: bool = True, cheap: bool = False) -> list
     if target.place == "proxmox":
         steps.append(Step("container", check_container, base))
         base = (*base, "container")
-    if cheap:
-        return [*steps, Step("tmux", check_tmux, base), Step("python", check_python_runs, base)]
     steps += [
         Step("tmux", check_tmux, base),
         Step("python", check_python, base),
@@ -121,26 +115,7 @@ def diagnose(
 
 
 class PreflightFailed(DflashError):
-    """A cheap check before deploy failed; the message is the check's, the hint its fix."""
-
-
-def preflight(ws: Workspace) -> list[Check]:
-    """The cheap checks before `dflash deploy` acts on the place; raises on the first failure.
-
-    Opening `ws.place` is the reachability and container check (it raises the very errors that
-    `dflash doctor` reports for them); tmux and the job's python (it starts; torch is not
-    imported, to keep deploy fast) follow on the same connection. `PreflightFailed` carries the
-    failed check's message and fix, as `dflash doctor` prints them. The python check stays even
-    when `[job] command` replaces the trainer: the command gets it as `$DFLASH_PYTHON`.
-    """
-    setup = Setup.of(ws)
-    place = ws.place
-    steps = [s for s in plan(ws.target, cheap=True) if s.name in ("tmux", "python")]
-    checks = diagnose(setup, place, steps=steps)
-    for check in checks:
-        if not check.ok and not check.skipped:
-            raise failure(check)
-    return checks
+    """tmux or python failed deploy's preflight; the message is the check's, the hint its fix."""
 
 
 def failure(check: Check) -> PreflightFailed:

@@ -2,10 +2,11 @@
 
 The session runs one argv with the job's environment; stdout and stderr are appended to the log
 file and the pane is kept after the process exits (`remain-on-exit on`), so the exit status can
-still be read (`#{pane_dead_status}`). Starting and stopping are bash functions (`FUNCTIONS`)
-run as ONE command at the place — a subprocess here, one SSH channel, or `pct exec` inside a
-container — and `dflash deploy` runs the same functions inside its own one command. Reading the
-state goes through libtmux locally and through the place elsewhere (the same tmux argv).
+still be read (`#{pane_dead_status}`). Starting and stopping are steps of the site program
+(`remote/site.sh`: `job_start`, `job_stop`), run by deploy, restart, rollback and stop inside
+their one command; this module gives them their arguments (`start_args`, `stop_ticks`) and reads
+their answer (`parse_line`, `start_failed`). Reading the state goes through libtmux locally and
+through the place elsewhere (the same tmux argv).
 
 Nothing here knows what the command is: the release layer decides that.
 """
@@ -40,122 +41,7 @@ WRAPPER = 'exec >>"$DFLASH_LOG" 2>&1 || exit 125\ncd -- "$DFLASH_CWD" || exit 12
 _FORMAT = (
     "#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_pid}|#{session_created}|#{pid}"
 )
-# The job's lifecycle as bash functions: `Job.start` and `Job.stop` run them as one command at
-# the place, and `dflash deploy` runs the very same text inside its one command (`deploy_script`).
-# Values arrive as positional arguments only. A state line is `_FORMAT` as list-panes prints it.
-FUNCTIONS = r"""
-dflash_have_tmux() {
-  command -v tmux >/dev/null || { echo "tmux: command not found" >&2; return 1; }
-}
-dflash_job_read() {  # $1 socket, $2 session: the pane's state line; nothing without a session
-  local out
-  out=$(tmux -L "$1" list-panes -t "=$2:" -F '@FORMAT@' 2>/dev/null) || return 0
-  printf '%s\n' "${out%%$'\n'*}"
-}
-dflash_job_ended() {  # $1 a state line: 0 when the job has ended (tmux knows its status)
-  local dead status signal rest
-  IFS='|' read -r dead status signal rest <<< "$1"
-  [ "$dead" = 1 ] && [ -n "$status$signal" ]
-}
-dflash_job_state() {  # $1 socket, $2 session: the state line, once tmux has a status to show
-  local line n=0 dead rest server
-  line=$(dflash_job_read "$1" "$2")
-  # tmux 3.3 sometimes misses the SIGCHLD of a pane process (the pane is dead but has no
-  # status); another SIGCHLD makes it reap the process and record the status.
-  while [ "${line%%|*}" = 1 ] && ! dflash_job_ended "$line" && [ "$n" -lt 10 ]; do
-    if [ "$n" = 0 ]; then
-      IFS='|' read -r dead rest rest rest rest server <<< "$line"
-      kill -s CHLD "$server" 2>/dev/null
-    fi
-    sleep 0.02; n=$((n + 1))
-    line=$(dflash_job_read "$1" "$2")
-  done
-  [ -z "$line" ] || printf '%s\n' "$line"
-}
-dflash_group_alive() {  # $1 a process group: 0 while a live member is left (zombies are dead)
-  # /proc is scanned with the `read` builtin: a `cat` per process costs a fork each, seconds
-  # on a busy machine with a few hundred processes.
-  local f s pg=$1
-  for f in /proc/[0-9]*/stat; do
-    { read -r s < "$f"; } 2>/dev/null || continue; s=${s##*) }
-    # shellcheck disable=SC2086  # split into the stat fields (state, ppid, pgrp, ...)
-    set -- $s; [ "$1" != Z ] && [ "$3" = "$pg" ] && return 0
-  done
-  return 1
-}
-dflash_signal_and_wait() {  # $1 signal, $2 process group, $3 ticks of 0.1 s. 1: still alive
-  # Looks every 0.02 s: most jobs are gone a few ms after the signal.
-  local n=0
-  kill -s "$1" -- "-$2" 2>/dev/null || return 0
-  while dflash_group_alive "$2"; do
-    [ "$n" -ge $(($3 * 5)) ] && return 1
-    sleep 0.02; n=$((n + 1))
-  done
-}
-dflash_job_key() {  # $1 a state line: the session's identity, `PANE_PID.CREATED`
-  local dead status signal pid created rest
-  IFS='|' read -r dead status signal pid created rest <<< "$1"
-  printf '%s.%s\n' "$pid" "$created"
-}
-dflash_job_end() {  # $1 socket, $2 session, $3 its key: ends the session only if it is still it
-  # tmux checks the key and kills in one step of its server: a session started under the same
-  # name since the key was read (by a later command) is never touched. Session ids alone are
-  # not enough: a new server numbers its sessions from $0 again.
-  tmux -L "$1" if-shell -F -t "=$2:" "#{==:#{pane_pid}.#{session_created},$3}" \
-    "kill-session -t =$2" >/dev/null 2>&1
-}
-dflash_job_stop() {  # $1 socket, $2 session, $3 $4 $5 ticks after SIGINT, SIGTERM, SIGKILL
-  # Prints the job's last state line (nothing when there was no session), ends the session —
-  # the one read here, never another that took its name meanwhile (`dflash_job_end`).
-  local line dead status signal pid rest sig ticks key n=0
-  dflash_have_tmux || return 127
-  line=$(dflash_job_state "$1" "$2")
-  [ -n "$line" ] || return 0
-  IFS='|' read -r dead status signal pid rest <<< "$line"
-  key=$(dflash_job_key "$line")
-  if ! dflash_job_ended "$line" && [ -n "$pid" ]; then
-    for sig in INT TERM KILL; do
-      case $sig in INT) ticks=$3 ;; TERM) ticks=$4 ;; *) ticks=$5 ;; esac
-      dflash_signal_and_wait "$sig" "$pid" "$ticks" && break
-    done
-    line=$(dflash_job_state "$1" "$2")  # tmux reaps the pane asynchronously
-    while ! dflash_job_ended "$line" && [ "$n" -lt 20 ]; do
-      [ "$(dflash_job_key "$line")" = "$key" ] || break  # another session by now
-      sleep 0.05; n=$((n + 1)); line=$(dflash_job_state "$1" "$2")
-    done
-  fi
-  dflash_job_end "$1" "$2" "$key"
-  printf '%s\n' "$line"
-}
-dflash_job_start() {  # $1 socket, $2 session, $3 the log's folder, then tmux's start arguments
-  # Prints the new pane's state line. Exit 5: the job is running. A dead session left by an
-  # earlier run is removed first.
-  local sock=$1 sess=$2 line out rc
-  dflash_have_tmux || return 127
-  line=$(dflash_job_state "$sock" "$sess")
-  if [ -n "$line" ]; then
-    dflash_job_ended "$line" || { echo "the job session $sess is running" >&2; return 5; }
-    dflash_job_end "$sock" "$sess" "$(dflash_job_key "$line")"
-  fi
-  mkdir -p -- "$3" || return 125
-  shift 3
-  out=$(tmux -L "$sock" "$@" 2>&1); rc=$?
-  if [ "$rc" != 0 ] && ! tmux -L "$sock" has-session -t "=$sess" 2>/dev/null; then
-    case $out in  # the server of a session just killed was still exiting, and took this one
-      *"no current target"* | *"server exited"* | *"lost server"*)
-        sleep 0.3; out=$(tmux -L "$sock" "$@" 2>&1); rc=$? ;;
-    esac
-  fi
-  [ "$rc" = 0 ] || { printf '%s\n' "$out" >&2; return "$rc"; }
-  line=${out%%$'\n'*}
-  if [ "${line%%|*}" = 1 ] && ! dflash_job_ended "$line"; then
-    line=$(dflash_job_state "$sock" "$sess")
-  fi
-  printf '%s\n' "$line"
-}
-"""
-FUNCTIONS = FUNCTIONS.replace("@FORMAT@", _FORMAT)
-_RUNNING = 5  # dflash_job_start: the session is running
+RUNNING = 5  # site.sh: the job's session is running, the start is refused
 
 # Streams the log from byte $1 while process $2 lives (a zombie counts as gone), polling every
 # $4 s. Whatever is written after the end is read by the caller from the byte offset.
@@ -329,11 +215,16 @@ class Job:
         )
         return state, int(server) if server.isdigit() else None, dead == "1"
 
+    @property
+    def log_dir(self) -> str:
+        """The log's folder, created by the start."""
+        return _parent(self.log)
+
     def start_args(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str]) -> list[str]:
-        """The arguments of `dflash_job_start` that start `argv` in `cwd` with `env`:
-        socket, session, the log's folder, then one tmux invocation —
-        `new-session -d -s S sleep… ; set-option -w -t =S: remain-on-exit on ;
-        respawn-pane -k -t =S: -e K=V… -- bash -c WRAPPER dflash-job ARGV… ; list-panes …`."""
+        """tmux's arguments that start `argv` in `cwd` with `env` (site.sh's `job_start` runs
+        them after `--`): one tmux invocation, `new-session -d -s S sleep… ; set-option -w -t
+        =S: remain-on-exit on ; respawn-pane -k -t =S: -e K=V… -- bash -c WRAPPER dflash-job
+        ARGV… ; list-panes …`."""
         if not argv:
             raise DflashError("Refusing to start an empty command.")
         job_env = {shell.env_key(k): shell.env_value(v) for k, v in env.items()}
@@ -348,30 +239,24 @@ class Job:
             "--", "bash", "-c", WRAPPER, "dflash-job", *argv,
             ";", *self._list_panes(),
         )  # fmt: skip
-        tmux_args = [a if a == ";" else tmux_arg(a) for a in start]
-        return [self.socket, self.session, _parent(self.log), *tmux_args]
+        return [a if a == ";" else tmux_arg(a) for a in start]
 
-    def start(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str]) -> JobState:
-        """Start `argv` in `cwd` with `env`, appending stdout+stderr to the log: ONE command at
-        the place, `dflash_job_start` (see `start_args`). A running job is refused."""
-        result = self.place.run(
-            ["bash", "-c", FUNCTIONS + 'dflash_job_start "$@"\n', "dflash-start",
-             *self.start_args(argv, cwd=cwd, env=env)],
-            check=False,
-        )  # fmt: skip
-        self.check_started(result.exit_code, result.stdout_text, result.stderr_text)
-        log.info("started job", extra={"session": self.session, "place": self.place.description})
-        return self.parse_line(result.stdout_text)
-
-    def check_started(self, exit_code: int, stdout: str, stderr: str) -> None:
-        """Raise what `dflash_job_start`'s exit says: running, tmux missing, or tmux's error."""
-        if exit_code == _RUNNING:
-            raise JobRunning(
+    def start_failed(self, exit_code: int, stderr: str) -> DflashError:
+        """What site.sh's `job_start` exit says: running, tmux missing, or tmux's error."""
+        if exit_code == RUNNING:
+            return JobRunning(
                 f"Job session {self.session!r} is already running on {self.place.description}.",
             )
         if exit_code == 127:
-            raise _tmux_missing(self.place.description)
-        self._check(TmuxResult(exit_code, stdout, stderr), "start the job")
+            return self.tmux_missing()
+        try:
+            self._check(TmuxResult(exit_code, "", stderr), "start the job")
+        except DflashError as exc:
+            return exc
+        return DflashError(f"tmux could not start the job (exit {exit_code}).")
+
+    def tmux_missing(self) -> DflashError:
+        return _tmux_missing(self.place.description)
 
     def _stop_waits(self, timeout: float | None, save: bool = True) -> tuple[float, float, float]:
         """Seconds to wait after SIGINT (`stop_timeout`; none without `save`), SIGTERM (at most
@@ -379,42 +264,19 @@ class Job:
         wait = self.stop_timeout if timeout is None else timeout
         return (wait if save else 0.0), min(wait, 10.0), 5.0
 
-    def stop_args(self, timeout: float | None = None, *, save: bool = True) -> list[str]:
-        """The arguments of `dflash_job_stop`: socket, session, and the 0.1 s ticks of each of
-        the three waits (`_stop_waits`). `save=False`: SIGTERM follows SIGINT at once — the
-        trainer takes a second signal as "end now, without the checkpoint"."""
+    def stop_ticks(self, timeout: float | None = None, *, save: bool = True) -> list[str]:
+        """site.sh's `--stop-ticks`: the 0.1 s ticks of each of the three waits
+        (`_stop_waits`). `save=False`: SIGTERM follows SIGINT at once — the trainer takes a
+        second signal as "end now, without the checkpoint"."""
         waits = self._stop_waits(timeout, save)
-        ticks = [str(max(1, round(s * 10)) if s else 0) for s in waits]
-        return [self.socket, self.session, *ticks]
+        return [str(max(1, round(s * 10)) if s else 0) for s in waits]
 
     def stop_seconds(self, timeout: float | None = None) -> float:
-        """The longest `dflash_job_stop` can take, with room for the commands around it."""
+        """The longest site.sh's `job_stop` can take, with room for the commands around it."""
         return sum(self._stop_waits(timeout)) + 30.0
 
-    def stop(self, *, timeout: float | None = None, save: bool = True) -> JobState | None:
-        """Interrupt the job, escalate, and end the session. Returns its last state, or None.
-
-        SIGINT to the job's process group (the trainer finishes its step, saves and exits), then
-        SIGTERM, then SIGKILL, each after waiting for the group to be gone; then `tmux
-        kill-session`: ONE command at the place, `dflash_job_stop`.
-        """
-        result = self.place.run(
-            ["bash", "-c", FUNCTIONS + 'dflash_job_stop "$@"\n', "dflash-stop",
-             *self.stop_args(timeout, save=save)],
-            check=False,
-            timeout=self.stop_seconds(timeout),
-        )  # fmt: skip
-        if result.exit_code == 127:
-            raise _tmux_missing(self.place.description)
-        if result.exit_code != 0:
-            # Killed on the way (a container stopped under it, the server gone): looking again
-            # raises the place's own error when the place is what went away.
-            self.state()
-            self._check(TmuxResult(result.exit_code, "", result.stderr_text), "stop the job")
-        return self.parse_line(result.stdout_text) if result.stdout.strip() else None
-
     def parse_line(self, line: str) -> JobState:
-        """The `JobState` of a state line printed by the functions above."""
+        """The `JobState` of a state line printed by site.sh (`stopped`, `started`)."""
         return self._parse_state(TmuxResult(0, line, ""))[0]
 
     # log --------------------------------------------------------------------------------

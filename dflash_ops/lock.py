@@ -6,18 +6,17 @@ call: it either creates the link with its content or fails because it exists, so
 and saying who holds it are one atomic step — through ssh and `pct exec` alike, with no window
 in which a lock exists without an owner. `readlink` reads the owner back.
 
-Who holds it. A command that changes the place runs as ONE remote script (`deploy_script`),
-which takes the lock itself and writes into the record its own identity at the place: its pid,
-the kernel's boot id and the process's start time (`/proc/PID/stat`, field 22), beside the
-operator's user, host and CLI pid (for messages). That script ends when its connection does, so
+Who holds it. A command that changes the place runs as ONE remote program (`remote/site.sh`,
+step `lock`), which takes the lock itself and writes into the record its own identity at the
+place: its pid, the kernel's boot id and the process's start time (`/proc/PID/stat`, field 22),
+beside the operator's user, host and CLI pid (for messages). That program ends when its connection does, so
 the lock is stale exactly when that process is gone — checked at the place, where pids live: a
 pid reused by another process has another start time and does not count as the holder. Such a
-lock is taken over with a warning, inside the next script, only if it still holds the record
-judged stale.
+lock is taken over with a warning, inside the next run of the program, only if it still holds
+the record judged stale.
 
-Records without a place identity (taken by `DeployLock.acquire`, a separate command) are judged
-as before: stale when their host is this machine and the CLI pid is gone, or when older than
-`[job] lock_max_age` (default 6 h, by this machine's clock).
+Records without a place identity (written by an older dflash, or by hand) are stale when their
+host is this machine and the CLI pid is gone, or when older than `[job] lock_max_age` (default 6 h, by this machine's clock).
 
 `--force` takes over any lock (with a warning naming the holder). A live holder makes the
 command wait `[job] lock_wait` seconds, then fail with `LockHeld` naming the holder.
@@ -29,7 +28,6 @@ moved instead, it is put back. The lock is then taken the normal way, with `ln -
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import json
 import logging
@@ -37,12 +35,12 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from dflash_ops import shell
-from dflash_ops.errors import LockHeld, RemoteCommandFailed
+from dflash_ops.errors import LockHeld
 
 if TYPE_CHECKING:
     from dflash_ops.place import Place
@@ -50,62 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "deploy.lock"
-HELD = 3  # exit status of the functions below when someone else holds the lock
-
-# The lock's steps as bash functions, values as positional arguments. `DeployLock` runs each as
-# one command; `dflash deploy` runs the same text inside its one command (`deploy_script`).
-FUNCTIONS = r"""
-dflash_lock_take() {  # $1 root, $2 lock path, $3 owner text. 0: taken; 3: held (stdout: record)
-  local n=0
-  mkdir -p -- "$1" || return 1
-  while [ "$n" -lt 20 ]; do
-    if ln -sT -- "$3" "$2" 2>/dev/null; then return 0; fi
-    if readlink -- "$2"; then return 3; fi
-    n=$((n + 1))  # it vanished between ln and readlink: try again
-  done
-  echo "cannot create the lock $2" >&2
-  return 1
-}
-dflash_lock_take_over() {  # $1 lock path, $2 the stale record, $3 a token. 3: it changed
-  local aside="$1.stale.$3" moved
-  mv -T -- "$1" "$aside" 2>/dev/null || return 3
-  moved=$(readlink -- "$aside") || moved=""
-  if [ "$moved" = "$2" ]; then rm -f -- "$aside"; return 0; fi
-  ln -sT -- "$moved" "$1" 2>/dev/null
-  rm -f -- "$aside"
-  return 3
-}
-dflash_lock_release() {  # $1 lock path, $2 our record: removes the lock only if it is still ours
-  if [ "$(readlink -- "$1")" = "$2" ]; then rm -f -- "$1"; fi
-}
-dflash_lock_is_mine() {  # $1 lock path, $2 our record: 0 when the lock holds our record
-  [ "$(readlink -- "$1" 2>/dev/null)" = "$2" ]
-}
-dflash_proc_start() {  # $1 a pid: "BOOT_ID START_TICKS" of that process; fails when none (or a zombie)
-  local s boot
-  { read -r s < "/proc/$1/stat"; } 2>/dev/null || return 1
-  { read -r boot < /proc/sys/kernel/random/boot_id; } 2>/dev/null || boot=-
-  s=${s##*) }
-  # shellcheck disable=SC2086  # split into the stat fields (state, ppid, pgrp, ...)
-  set -- $s
-  [ "$1" != Z ] || return 1
-  printf '%s %s\n' "$boot" "${20}"
-}
-dflash_lock_record() {  # $1 the operator's record (JSON), $2 our pid: the record naming us
-  local start
-  start=$(dflash_proc_start "$2") || return 1
-  printf '%s,"place_pid":%s,"place_start":"%s"}\n' "${1%\}}" "$2" "$start"
-}
-dflash_lock_holder() {  # $1 a lock record: alive, gone, or unknown (no place identity in it)
-  local re='"place_pid":([0-9]+),"place_start":"([^"]*)"' pid want
-  [[ $1 =~ $re ]] || { echo unknown; return 0; }
-  pid=${BASH_REMATCH[1]} want=${BASH_REMATCH[2]}
-  if [ "$(dflash_proc_start "$pid")" = "$want" ]; then echo alive; else echo gone; fi
-}
-"""
-_TAKE = FUNCTIONS + 'dflash_lock_take "$@"\n'
-_TAKE_OVER = FUNCTIONS + 'dflash_lock_take_over "$@"\n'
-_RELEASE = FUNCTIONS + 'dflash_lock_release "$@"\n'
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,37 +159,6 @@ class DeployLock:
         self.max_age = max_age
         self.warn = warn or (lambda message: log.warning("%s", message))
 
-    def holder(self) -> str | None:
-        """The raw record of the current holder, or None when the lock is free."""
-        result = self.place.run(["readlink", "--", self.path], check=False)
-        return result.stdout_text.rstrip("\n") if result.exit_code == 0 else None
-
-    @contextlib.contextmanager
-    def held(self, doing: str, *, force: bool = False) -> Iterator[Owner]:
-        owner = self.acquire(doing, force=force)
-        try:
-            yield owner
-        finally:
-            self.release(owner)
-
-    def acquire(self, doing: str, *, force: bool = False, held_by: str | None = None) -> Owner:
-        """Take the lock: wait for a live holder, take over a stale one (or any, with `force`).
-
-        `held_by`: the holder's record that a first attempt made elsewhere found (`dflash
-        deploy` tries to take the lock inside its one command); it is judged before trying again.
-        """
-        owner = Owner.me(doing)
-        deadline = time.monotonic() + self.wait
-        while True:
-            held = held_by if held_by is not None else self._try(owner)
-            held_by = None
-            if held is None:
-                log.info("took the deploy lock", extra={"path": self.path, "doing": doing})
-                return owner
-            stale = self.judge(held, force=force, deadline=deadline)
-            if stale is not None:
-                self._take_over(stale)
-
     def judge(
         self, held: str, *, force: bool, deadline: float, holder: str | None = None
     ) -> str | None:
@@ -272,29 +183,3 @@ class DeployLock:
             )
         time.sleep(min(0.3, max(0.0, deadline - time.monotonic())))
         return None
-
-    def release(self, owner: Owner) -> None:
-        try:
-            self.place.run(["bash", "-c", _RELEASE, "dflash-unlock", self.path, owner.text()])
-        except Exception as exc:  # noqa: BLE001 - a failed release must not hide the real error
-            self.warn(f"Could not remove the deploy lock {self.path}: {exc}")
-
-    def _try(self, owner: Owner) -> str | None:
-        """Take the lock; None when taken, else the holder's record."""
-        result = self.place.run(
-            ["bash", "-c", _TAKE, "dflash-lock", self.root, self.path, owner.text()],
-            check=False,
-        )
-        if result.exit_code == 0:
-            return None
-        if result.exit_code == HELD:
-            return result.stdout_text.rstrip("\n")
-        raise RemoteCommandFailed(
-            self.place.description, result.argv, result.exit_code, result.stderr_text
-        )
-
-    def _take_over(self, record: str) -> None:
-        self.place.run(
-            ["bash", "-c", _TAKE_OVER, "dflash-takeover", self.path, record, secrets.token_hex(4)],
-            check=False,
-        )

@@ -1,6 +1,6 @@
 """What each command does, in order, on a `Workspace`. The CLI only parses and prints.
 
-deploy:  build the bundle; then, at the place in ONE command (`deploy_script`): check tmux and
+deploy:  build the bundle; then, at the place in ONE command (`remote/site.sh deploy`): check tmux and
          python → take the lock → push it (one tar stream) → switch `current` → keep the last 5
          → stop the running job → archive the checkpoints (unless resuming) → start the job →
          release the lock; remember the target in `.dflash/state.json`.
@@ -24,11 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_ops import deploy_script, gpus, state
+from dflash_ops import gpus, state
 from dflash_ops.checks import Setup
 from dflash_ops.job import JobState
 from dflash_ops.launch import LaunchPlan
 from dflash_ops.release import build_bundle, new_release_id
+from dflash_ops.remote import client
 from dflash_ops.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -64,12 +65,12 @@ def launch_argv(ws: Workspace) -> list[str]:
 
 def remote_plan(
     ws: Workspace, *, warn: Say, env: dict[str, str] | None = None
-) -> deploy_script.DeployPlan:
+) -> client.DeployPlan:
     """The target's parts as the one-command script needs them. Opens the place without the
     container check: the script's command is that check (see `Workspace.open`). `env`: added
     to `[job] env` for this start only."""
     ws.open(check=False)
-    return deploy_script.DeployPlan(
+    return client.DeployPlan(
         setup=Setup.of(ws),
         releases=ws.releases(),
         job=ws.job(),
@@ -92,7 +93,7 @@ def deploy(
     tool: tuple[str, ...] = (),
 ) -> DeployReport:
     """Build the bundle here, then do everything at the place in ONE command
-    (`deploy_script`): preflight (tmux, python), lock, unpack, switch, prune, stop, archive,
+    (`remote/site.sh deploy`): preflight (tmux, python), lock, unpack, switch, prune, stop, archive,
     start, unlock. A held lock costs `DeployLock.acquire`'s commands and one more run.
     `tool` makes the job run another trainer module than `trainer.train` (`dflash generate`).
     `force_resume`: this start of the trainer resumes even from a checkpoint written with other
@@ -110,8 +111,8 @@ def deploy(
         ws.config.project_dir, plan=plan, train=ws.config.train, target=ws.target.describe()
     )
     say(f"Release {bundle.release_id} ({len(bundle.data) / 1024:.0f} KiB) → {ws.target.describe()}")
-    steps = deploy_script.Steps(doing="deploy", bundle=bundle, archive=not resume, preflight=True)
-    done = deploy_script.run(remote, steps, force=force)
+    steps = client.Steps(doing="deploy", bundle=bundle, archive=not resume, preflight=True)
+    done = client.run(remote, steps, force=force)
     assert done.started is not None
     if done.stopped is not None:
         say(f"Stopped the previous job (exit {done.stopped.exit_code}).")
@@ -139,8 +140,8 @@ def restart(
     ws: Workspace, *, clean: bool = False, force: bool = False, say: Say = _quiet
 ) -> RestartReport:
     """stop → archive (with `clean`) → start on `current`: one command at the place."""
-    steps = deploy_script.Steps(doing="restart", archive=clean)
-    done = deploy_script.run(remote_plan(ws, warn=say), steps, force=force)
+    steps = client.Steps(doing="restart", archive=clean)
+    done = client.run(remote_plan(ws, warn=say), steps, force=force)
     assert done.release is not None and done.started is not None
     return RestartReport(
         release=done.release, stopped=done.stopped, archived=done.archived, started=done.started
@@ -157,8 +158,8 @@ def rollback(
     remote = remote_plan(ws, warn=say)
     current = remote.releases.current()
     target = remote.releases.rollback_target(to)
-    steps = deploy_script.Steps(doing="rollback", switch_to=target)
-    done = deploy_script.run(remote, steps, force=force, expect=current or "")
+    steps = client.Steps(doing="rollback", switch_to=target)
+    done = client.run(remote, steps, force=force, expect=current or "")
     assert done.started is not None
     return RestartReport(release=target, stopped=done.stopped, archived=None, started=done.started)
 
@@ -168,8 +169,8 @@ def stop(
 ) -> JobState | None:
     """SIGINT → SIGTERM → SIGKILL, end the session: one command at the place, under the lock.
     `save=False`: SIGTERM right after SIGINT, so the trainer ends without its stop checkpoint."""
-    steps = deploy_script.Steps(doing="stop", start=False, save=save)
-    return deploy_script.run(remote_plan(ws, warn=say), steps, force=force).stopped
+    steps = client.Steps(doing="stop", save=save)
+    return client.run(remote_plan(ws, warn=say), steps, force=force).stopped
 
 
 def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:

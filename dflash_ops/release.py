@@ -8,7 +8,9 @@ It travels as ONE stream into `tar -x` at the place — through `pct exec` stdin
 so no path on the Proxmox host is assumed — into `releases/<id>.tmp`. Only a complete unpack is
 renamed to `releases/<id>`, and only then does `current` move: a new symlink under a temporary
 name renamed over the old one (`ln -sfn` + `mv -T`, an atomic rename). An interrupted deploy
-therefore leaves the previous `current` untouched; the next deploy removes its `.tmp`.
+therefore leaves the previous `current` untouched; the next deploy removes its `.tmp`. Those
+steps are the site program's (`remote/site.sh`: `release_unpack`, `release_switch`,
+`release_prune`); this module builds the bundle, reads the releases, and words their errors.
 """
 
 from __future__ import annotations
@@ -43,63 +45,6 @@ RELEASE_ID = re.compile(r"\d{8}-\d{6}-\d{3}-[0-9a-f]{4}")
 _SKIP = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 
 COMPLETE = ".complete"  # written last into a release: everything before it is on disk
-
-# A release id as a shell pattern (RELEASE_ID's glob twin; LC_ALL=C makes the ranges ASCII).
-RELEASE_GLOB = "[0-9]" * 8 + "-" + "[0-9]" * 6 + "-" + "[0-9]" * 3 + "-" + "[0-9a-f]" * 4
-
-# The steps of a release as bash functions, values as positional arguments. `Releases` runs them
-# as commands; `dflash deploy` runs the same text inside its one command (`deploy_script`).
-FUNCTIONS = r"""
-dflash_unpack() {  # $1 root, $2 id; stdin: the bundle's tar
-  # Unfinished releases of earlier, interrupted deploys (`*.tmp`) are removed first; the
-  # marker is written only after tar succeeded and the files were flushed.
-  local rel=$1/releases d
-  mkdir -p -- "$rel" || return 1
-  for d in "$rel"/*.tmp; do if [ -e "$d" ]; then rm -rf -- "$d" || return 1; fi; done
-  mkdir -- "$rel/$2.tmp" || return 1
-  tar -x --no-same-owner -C "$rel/$2.tmp" -f - || return 1
-  sync -f -- "$rel/$2.tmp" || return 1
-  : > "$rel/$2.tmp/@COMPLETE@"
-}
-dflash_switch() {  # $1 root, $2 id: complete release $2, point `current` at it; list releases
-  # `.tmp` is renamed away once it has its marker; `current` moves atomically (a new link
-  # renamed over the old one).
-  ( cd -- "$1" || exit 1
-    if [ -f "releases/$2.tmp/@COMPLETE@" ]; then
-      mv -T -- "releases/$2.tmp" "releases/$2" || exit 1
-    fi
-    [ -f "releases/$2/@COMPLETE@" ] || { echo "release $2 is not complete" >&2; exit 1; }
-    ln -sfn -- "releases/$2" .current.tmp || exit 1
-    mv -T -- .current.tmp current || exit 1
-    ls -1 -- releases )
-}
-dflash_prune() {  # $1 root, $2 keep, $3 current, then release ids; prints each id it deleted
-  # All but the newest $2 go, never $3 and never the newest release older than $3 (the one
-  # `rollback` goes back to). Ids sort by time.
-  local LC_ALL=C root=$1 keep=$2 current=$3 id prev="" i
-  local -a ids=()
-  shift 3
-  while IFS= read -r id; do
-    case $id in @GLOB@) ids+=("$id") ;; esac
-  done < <(printf '%s\n' "$@" | sort -u)
-  [ "$keep" -gt 0 ] || return 0
-  for id in "${ids[@]}"; do [[ $id < $current ]] && prev=$id; done
-  for ((i = 0; i < ${#ids[@]} - keep; i++)); do
-    id=${ids[i]}
-    if [ "$id" = "$current" ] || [ "$id" = "$prev" ]; then continue; fi
-    rm -rf -- "$root/releases/$id" || return 1
-    printf '%s\n' "$id"
-  done
-}
-""".replace("@COMPLETE@", COMPLETE).replace("@GLOB@", RELEASE_GLOB)
-_UNPACK = FUNCTIONS + 'dflash_unpack "$@"\n'
-_SWITCH = FUNCTIONS + 'dflash_switch "$@"\n'
-_PRUNE = FUNCTIONS + 'dflash_prune "$@"\n'
-# Both in one command (`Releases.push_and_switch`); the marker line says the unpack succeeded.
-_UNPACKED = b"unpacked"
-_PUSH_AND_SWITCH = FUNCTIONS + (
-    f'dflash_unpack "$@" || exit 1\necho {_UNPACKED.decode()}\ndflash_switch "$@"\n'
-)
 
 # For every complete release: id, size in bytes, RELEASE.json squeezed onto one line; NUL-ended.
 _DESCRIBE = (
@@ -212,48 +157,6 @@ class Releases:
     def current_path(self) -> str:
         return f"{self.root}/current"
 
-    def push(self, bundle: Bundle) -> None:
-        """Unpack the bundle, streamed as one tar, into `releases/<id>.tmp`."""
-        result = self.place.run(
-            ["bash", "-c", _UNPACK, "dflash-unpack", self.root, checked_id(bundle.release_id)],
-            stdin=bundle.data,
-            check=False,
-        )
-        if result.exit_code != 0:
-            raise self.unpack_failed(bundle.release_id, result.stderr_text)
-
-    def switch(self, release_id: str) -> list[str]:
-        """Complete `release_id` and point `current` at it; returns every release, oldest first."""
-        result = self.place.run(
-            ["bash", "-c", _SWITCH, "dflash-switch", self.root, checked_id(release_id)], check=False
-        )
-        if result.exit_code != 0:
-            raise self.switch_failed(release_id, result.stderr_text)
-        return _release_names(result.stdout)
-
-    def push_and_switch(self, bundle: Bundle) -> list[str]:
-        """`push` then `switch` in ONE command at the place: over SSH every command starts the
-        user's shell, which costs more than the work itself. The same scripts, values as
-        arguments; an `unpacked` line between them tells which step failed."""
-        result = self.place.run(
-            [
-                "bash",
-                "-c",
-                _PUSH_AND_SWITCH,
-                "dflash-release",
-                self.root,
-                checked_id(bundle.release_id),
-            ],
-            stdin=bundle.data,
-            check=False,
-        )
-        marker, _, names = result.stdout.partition(b"\n")
-        if result.exit_code != 0:
-            if marker == _UNPACKED:
-                raise self.switch_failed(bundle.release_id, result.stderr_text)
-            raise self.unpack_failed(bundle.release_id, result.stderr_text)
-        return _release_names(names)
-
     def unpack_failed(self, release_id: str, stderr: str) -> ReleaseError:
         return ReleaseError(
             f"Could not unpack release {release_id} into {self.root}/releases on "
@@ -267,23 +170,6 @@ class Releases:
             f"{self.place.description}: {_last_line(stderr)}",
             hint=f"{self.current_path} must be a symlink (or absent); check it by hand.",
         )
-
-    def prune(
-        self, releases: list[str], *, keep: int = KEEP, current: str | None = None
-    ) -> list[str]:
-        """Delete all but the newest `keep` of `releases` — never `current`, never the release
-        `rollback` would go back to (the newest one before `current`): `dflash_prune`."""
-        current = current or self.current()
-        names = [checked_id(r) for r in releases]
-        result = self.place.run(
-            ["bash", "-c", _PRUNE, "dflash-prune", self.root, str(keep), current or "", *names]
-        )
-        return _release_names(result.stdout)
-
-    def deploy(self, bundle: Bundle, *, keep: int = KEEP) -> list[str]:
-        """push → switch (one command) → prune; returns the releases that were removed."""
-        releases = self.push_and_switch(bundle)
-        return self.prune(releases, keep=keep, current=bundle.release_id)
 
     def current(self) -> str | None:
         """The id `current` points at, or None before the first deploy."""
@@ -368,11 +254,6 @@ def previous(releases: list[str], current: str | None) -> str | None:
     """The newest release older than `current` (ids sort by time), or None."""
     older = [r for r in sorted(releases) if current is not None and r < current]
     return older[-1] if older else None
-
-
-def _release_names(stdout: bytes) -> list[str]:
-    names = stdout.decode("utf-8", "replace").splitlines()
-    return sorted(n for n in names if RELEASE_ID.fullmatch(n))
 
 
 def _last_line(text: str) -> str:

@@ -1,7 +1,7 @@
 """The trainer's own check of `[train]` (`python -m trainer.check`), run at the place.
 
 `dflash deploy` runs it inside its one command on the release it has just unpacked, before
-`current` moves or the running job stops (`deploy_script`, step `check`); `dflash doctor` runs
+`current` moves or the running job stops (`remote/site.sh`, step `check`); `dflash doctor` runs
 it on the bundle about to be pushed, in a scratch folder. Both run the job's python with the
 job's environment in the release's folder, so relative paths, the interpreter and its packages
 are the job's own. The check's `error:`/`hint:` lines become one `TrainConfigInvalid`.

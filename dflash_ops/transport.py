@@ -47,7 +47,7 @@ class HeldOpen:
 
     Its stdin reaching EOF before then tells the command that whoever started it is gone (this
     process killed, the connection dropped): a long remote command watches it to stop acting
-    on an authority it no longer has (`deploy_script`).
+    on an authority it no longer has (`remote/site.sh`).
     """
 
     data: bytes = b""
