@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops.checkpoints import Checkpoints
-from dflash_ops.job import Job
-from dflash_ops.lock import DeployLock
-from dflash_ops.place import HostPlace, Place
-from dflash_ops.release import KEEP, Bundle, Releases
+from dflash_ops.connect.place import HostPlace, Place
+from dflash_ops.connect.transport import LocalTransport
 from dflash_ops.remote import client
-from dflash_ops.transport import LocalTransport
+from dflash_ops.remote.checkpoints import Checkpoints
+from dflash_ops.remote.job import Job
+from dflash_ops.remote.lock import DeployLock
+from dflash_ops.remote.release import KEEP, Bundle, Releases
 
 
 @dataclass

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops.checkpoints import Checkpoints, Entry, is_run
+from dflash_ops.connect.place import HostPlace
+from dflash_ops.connect.transport import LocalTransport
 from dflash_ops.errors import CheckpointPathError
-from dflash_ops.place import HostPlace
-from dflash_ops.transport import LocalTransport
+from dflash_ops.remote.checkpoints import Checkpoints, Entry, is_run
 from tests.site_helpers import make_site, start, tmux_socket_fixture  # noqa: F401
 
 

@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dflash_ops import state, toml_writer
-from dflash_ops.config import (
+from dflash_ops.errors import ConfigError
+from dflash_ops.settings import state, toml_writer
+from dflash_ops.settings.deploy_config import (
     DEFAULT_ENV,
     TargetFlags,
     find_config,
     load_config,
     resolve_target,
 )
-from dflash_ops.errors import ConfigError
 
 FULL = """
 [target]

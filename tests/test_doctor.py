@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_ops import doctor
-from dflash_ops.config import TargetFlags, load_config, resolve_target
-from dflash_ops.place import ContainerPlace, HostPlace
-from dflash_ops.transport import LocalTransport, SSHTransport
+from dflash_ops.commands import doctor
+from dflash_ops.connect.place import ContainerPlace, HostPlace
+from dflash_ops.connect.transport import LocalTransport, SSHTransport
+from dflash_ops.settings.deploy_config import TargetFlags, load_config, resolve_target
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable  # has torch: the job's python in every test

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from dflash_ops.connect.place import HostPlace
+from dflash_ops.connect.transport import LocalTransport
 from dflash_ops.errors import UnsafeValue
-from dflash_ops.job import Job, JobState, tmux_arg
-from dflash_ops.place import HostPlace
-from dflash_ops.transport import LocalTransport
+from dflash_ops.remote.job import Job, JobState, tmux_arg
 from tests.site_helpers import Site, site_fixture, start, tmux_socket_fixture  # noqa: F401
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from dflash_ops.connect.place import HostPlace
+from dflash_ops.connect.transport import LocalTransport, SSHTransport
 from dflash_ops.errors import LockHeld
-from dflash_ops.lock import LOCK_NAME, Owner
-from dflash_ops.place import HostPlace
-from dflash_ops.transport import LocalTransport, SSHTransport
+from dflash_ops.remote.lock import LOCK_NAME, Owner
 from tests.site_helpers import (  # noqa: F401 - fixtures
     Site,
     make_site,

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops.checkpoints import Checkpoints
-from dflash_ops.place import HostPlace
+from dflash_ops.connect.place import HostPlace
+from dflash_ops.connect.transport import LocalTransport, SSHTransport
+from dflash_ops.remote.checkpoints import Checkpoints
 from dflash_ops.remote.client import prune_runs, site_argv
-from dflash_ops.transport import LocalTransport, SSHTransport
 
 
 @pytest.fixture(params=["local", "ssh"])

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from dflash_ops.errors import ReleaseError
-from dflash_ops.launch import LaunchPlan, render
-from dflash_ops.release import RELEASE_ID, build_bundle, new_release_id
+from dflash_ops.remote.launch import LaunchPlan, render
+from dflash_ops.remote.release import RELEASE_ID, build_bundle, new_release_id
 from tests.site_helpers import Site, site_fixture, tmux_socket_fixture  # noqa: F401
 
 TRAIN = {"steps": 3, "model": {"layers": 2, "name": "tiny"}, "lr": 1e-3, "tags": ["a", "b"]}

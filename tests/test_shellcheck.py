@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops import job
-from dflash_ops.remote import client
+from dflash_ops.remote import client, job
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKER = ROOT / "scripts" / "shellcheck-remote.py"

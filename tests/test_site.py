@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops import checkpoints, job, release
-from dflash_ops.place import HostPlace
-from dflash_ops.remote import client
-from dflash_ops.transport import LocalTransport
+from dflash_ops.connect.place import HostPlace
+from dflash_ops.connect.transport import LocalTransport
+from dflash_ops.remote import checkpoints, client, job, release
 
 
 def constant(name: str) -> str:

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.distributed import HashStore
 
-from dflash_ops import gpus
+from dflash_ops.commands import gpus
 from tests.cli_helpers import Where, kill_tmux_server
 from trainer.config import DemoConfig, TrainConfig
 from trainer.distributed import Roles

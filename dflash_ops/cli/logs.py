@@ -13,7 +13,7 @@ from dflash_ops.cli.options import (
     with_target,
 )
 from dflash_ops.errors import JobNotFound
-from dflash_ops.workspace import Workspace
+from dflash_ops.settings.workspace import Workspace
 
 app = typer.Typer()
 

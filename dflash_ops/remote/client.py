@@ -22,14 +22,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_ops import doctor, train_check
-from dflash_ops.checkpoints import Checkpoints, PruneReport
-from dflash_ops.checks import Findings, Setup, judge_python, judge_tmux, python_probe_argv
+from dflash_ops.commands import doctor, train_check
+from dflash_ops.commands.checks import Findings, Setup, judge_python, judge_tmux, python_probe_argv
+from dflash_ops.connect.transport import HeldOpen, Result
 from dflash_ops.errors import DflashError, RemoteCommandFailed
-from dflash_ops.job import Job, JobState
-from dflash_ops.lock import DeployLock, Owner
-from dflash_ops.release import KEEP, Bundle, Releases, checked_id
-from dflash_ops.transport import HeldOpen, Result
+from dflash_ops.remote.checkpoints import Checkpoints, PruneReport
+from dflash_ops.remote.job import Job, JobState
+from dflash_ops.remote.lock import DeployLock, Owner
+from dflash_ops.remote.release import KEEP, Bundle, Releases, checked_id
 
 log = logging.getLogger(__name__)
 

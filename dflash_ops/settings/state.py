@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_ops.config import TargetFlags
 from dflash_ops.errors import ConfigError
+from dflash_ops.settings.deploy_config import TargetFlags
 
 STATE_DIR = ".dflash"
 STATE_FILE = "state.json"

@@ -32,7 +32,8 @@ from typing import Any
 
 import paramiko
 
-from dflash_ops import known_hosts
+from dflash_ops.connect import known_hosts
+from dflash_ops.connect.ssh_config import SSHTarget
 from dflash_ops.errors import (
     AuthenticationFailed,
     ConnectionDropped,
@@ -42,7 +43,6 @@ from dflash_ops.errors import (
     HostKeyUnknown,
     NotAnSSHServer,
 )
-from dflash_ops.ssh_config import SSHTarget
 
 log = logging.getLogger(__name__)
 

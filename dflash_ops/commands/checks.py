@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_ops import shell
-from dflash_ops.config import JobConfig, Target
+from dflash_ops.connect import shell
+from dflash_ops.connect.place import Place
+from dflash_ops.connect.transport import Result
 from dflash_ops.errors import DflashError
-from dflash_ops.place import Place
-from dflash_ops.transport import Result
-from dflash_ops.workspace import Workspace
+from dflash_ops.settings.deploy_config import JobConfig, Target
+from dflash_ops.settings.workspace import Workspace
 
 MIN_TORCH = (2, 6)
 DEFAULT_MIN_FREE_GIB = 10.0

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dflash_ops.checks import (
+from dflash_ops.commands.checks import (
     DEFAULT_MIN_FREE_GIB,
     Check,
     Findings,
@@ -38,11 +38,11 @@ from dflash_ops.checks import (
     check_torch,
     from_error,
 )
-from dflash_ops.config import Target
+from dflash_ops.commands.smoke_check import check_smoke, smoke_check
+from dflash_ops.commands.train_check import check_train_config
+from dflash_ops.connect.place import Place
 from dflash_ops.errors import DflashError
-from dflash_ops.place import Place
-from dflash_ops.smoke import check_smoke, smoke_check
-from dflash_ops.train_check import check_train_config
+from dflash_ops.settings.deploy_config import Target
 
 __all__ = ["DEFAULT_MIN_FREE_GIB", "Check", "Setup", "diagnose", "smoke_check"]
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_ops import ssh_tokens
+from dflash_ops.connect import ssh_tokens
 from dflash_ops.errors import ConfigError
 
 KEYS = (

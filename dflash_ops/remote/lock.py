@@ -39,11 +39,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from dflash_ops import shell
+from dflash_ops.connect import shell
 from dflash_ops.errors import LockHeld
 
 if TYPE_CHECKING:
-    from dflash_ops.place import Place
+    from dflash_ops.connect.place import Place
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,14 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
-from dflash_ops import shell
+from dflash_ops.connect import shell
+from dflash_ops.connect.transport import Result, Stdin, StreamResult, Transport
 from dflash_ops.errors import (
     ContainerNotFound,
     ContainerStopped,
     PctMissing,
     RemoteCommandFailed,
 )
-from dflash_ops.transport import Result, Stdin, StreamResult, Transport
 
 # pve-container's own messages (PVE::LXC::Config->load_config and `pct exec`).
 _NOT_FOUND = re.compile(r"Configuration file 'nodes/[^/]+/lxc/(\d+)\.conf' does not exist")

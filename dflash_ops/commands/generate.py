@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from dflash_ops import operations, shell
+from dflash_ops.commands import operations
+from dflash_ops.connect import shell
 from dflash_ops.errors import GenerationError
-from dflash_ops.launch import TRAIN_CONFIG
-from dflash_ops.workspace import Workspace
+from dflash_ops.remote.launch import TRAIN_CONFIG
+from dflash_ops.settings.workspace import Workspace
 
 # request field → trainer.generate flag, for the optional values passed through as given
 _FLAGS = {

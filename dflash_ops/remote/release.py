@@ -31,12 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_ops import shell, toml_writer
+from dflash_ops.connect import shell
 from dflash_ops.errors import ReleaseError
-from dflash_ops.launch import COMMAND_FILE, TRAIN_CONFIG, LaunchPlan, render
+from dflash_ops.remote.launch import COMMAND_FILE, TRAIN_CONFIG, LaunchPlan, render
+from dflash_ops.settings import toml_writer
 
 if TYPE_CHECKING:
-    from dflash_ops.place import Place
+    from dflash_ops.connect.place import Place
 
 log = logging.getLogger(__name__)
 

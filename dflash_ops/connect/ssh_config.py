@@ -25,7 +25,7 @@ import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dflash_ops import ssh_config_parser, ssh_names, ssh_tokens
+from dflash_ops.connect import ssh_config_parser, ssh_names, ssh_tokens
 from dflash_ops.errors import ConfigError
 
 DEFAULT_PORT = 22

@@ -13,12 +13,13 @@ import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
-from dflash_ops import shell, toml_writer
-from dflash_ops.checks import Check, Findings, Setup, failed, job_argv, passed
+from dflash_ops.commands.checks import Check, Findings, Setup, failed, job_argv, passed
+from dflash_ops.commands.smoke_check import run_in_scratch, trainer_tar
+from dflash_ops.connect import shell
+from dflash_ops.connect.place import Place
 from dflash_ops.errors import TrainConfigInvalid
-from dflash_ops.launch import TRAIN_CONFIG
-from dflash_ops.place import Place
-from dflash_ops.smoke import run_in_scratch, trainer_tar
+from dflash_ops.remote.launch import TRAIN_CONFIG
+from dflash_ops.settings import toml_writer
 
 NAME = "train config"
 CHECK_TIMEOUT = 300.0  # a chat file loads the target's tokenizer (transformers, torch)

@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dflash_ops import shell
+from dflash_ops.connect import shell
 from dflash_ops.errors import ConnectionFailed, DflashError, JobRunning
 
 if TYPE_CHECKING:
-    from dflash_ops.place import Place
+    from dflash_ops.connect.place import Place
 
 log = logging.getLogger(__name__)
 

@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, BinaryIO, Protocol, runtime_checkable
 
-from dflash_ops import shell
+from dflash_ops.connect import shell
 from dflash_ops.errors import CommandTimedOut, ConnectionFailed
 
 if TYPE_CHECKING:  # paramiko (~0.1-0.3 s to import) loads only when an SSH command runs
     import paramiko
 
-    from dflash_ops.ssh_config import SSHTarget
-    from dflash_ops.ssh_connect import Connection
+    from dflash_ops.connect.ssh_config import SSHTarget
+    from dflash_ops.connect.ssh_connect import Connection
 
 CHUNK = 64 * 1024
 
@@ -329,7 +329,7 @@ class SSHTransport:
         proxy_jump: str | None = None,
         accept_new_host_key: bool = False,
     ) -> None:
-        from dflash_ops.ssh_config import SSHTarget, resolve
+        from dflash_ops.connect.ssh_config import SSHTarget, resolve
 
         if isinstance(host, SSHTarget):
             self.target = host
@@ -350,7 +350,7 @@ class SSHTransport:
     def _connection(self) -> Connection:
         with self._lock:
             if self._conn is None:
-                from dflash_ops.ssh_connect import connect
+                from dflash_ops.connect.ssh_connect import connect
 
                 self._conn = connect(self.target, accept_new_host_key=self.accept_new_host_key)
                 self.connections_opened += 1

@@ -19,10 +19,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dflash_ops.shell import env_key, env_value, quote, quote_argv
+from dflash_ops.connect.shell import env_key, env_value, quote, quote_argv
 
 if TYPE_CHECKING:
-    from dflash_ops.config import JobConfig
+    from dflash_ops.settings.deploy_config import JobConfig
 
 COMMAND_FILE = "command.sh"
 HIDE_GPUS = "CUDA_VISIBLE_DEVICES"  # set empty for `[job] gpus = 0`: CUDA then lists no device

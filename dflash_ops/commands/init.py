@@ -16,8 +16,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_ops.connect.place import Place
 from dflash_ops.errors import ConfigError
-from dflash_ops.place import Place
 from trainer.split_rule import default_target_gpus
 
 NVIDIA_SMI = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from dflash_ops.connect.ssh_config_parser import match_list
 from dflash_ops.errors import ConfigError
-from dflash_ops.ssh_config_parser import match_list
 
 REVOKED = "@revoked"
 CERT_AUTHORITY = "@cert-authority"

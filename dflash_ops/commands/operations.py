@@ -24,13 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_ops import gpus, state
-from dflash_ops.checks import Setup
-from dflash_ops.job import JobState
-from dflash_ops.launch import LaunchPlan
-from dflash_ops.release import build_bundle, new_release_id
+from dflash_ops.commands import gpus
+from dflash_ops.commands.checks import Setup
 from dflash_ops.remote import client
-from dflash_ops.workspace import Workspace
+from dflash_ops.remote.job import JobState
+from dflash_ops.remote.launch import LaunchPlan
+from dflash_ops.remote.release import build_bundle, new_release_id
+from dflash_ops.settings import state
+from dflash_ops.settings.workspace import Workspace
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]

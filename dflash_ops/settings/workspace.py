@@ -12,21 +12,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dflash_ops import state
-from dflash_ops.checkpoints import Checkpoints
-from dflash_ops.config import Config, Target, TargetFlags, find_config, load_config, resolve_target
-from dflash_ops.job import Job, socket_for
-from dflash_ops.lock import DeployLock
-from dflash_ops.release import Releases
+from dflash_ops.remote.checkpoints import Checkpoints
+from dflash_ops.remote.job import Job, socket_for
+from dflash_ops.remote.lock import DeployLock
+from dflash_ops.remote.release import Releases
+from dflash_ops.settings import state
+from dflash_ops.settings.deploy_config import (
+    Config,
+    Target,
+    TargetFlags,
+    find_config,
+    load_config,
+    resolve_target,
+)
 
 if TYPE_CHECKING:
-    from dflash_ops.place import Place
+    from dflash_ops.connect.place import Place
 
 
 def open_place(target: Target, *, accept_new_host_key: bool = False) -> Place:
     """The place of `target`: this machine, an SSH host, or a container on a Proxmox node."""
-    from dflash_ops.place import ContainerPlace, HostPlace
-    from dflash_ops.transport import LocalTransport, SSHTransport
+    from dflash_ops.connect.place import ContainerPlace, HostPlace
+    from dflash_ops.connect.transport import LocalTransport, SSHTransport
 
     if target.place == "local":
         return HostPlace(LocalTransport())

@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dflash_ops import shell
-from dflash_ops.checks import Check, Findings, Setup, failed, job_argv, last_line, passed
-from dflash_ops.place import Place
-from dflash_ops.transport import Result
+from dflash_ops.commands.checks import Check, Findings, Setup, failed, job_argv, last_line, passed
+from dflash_ops.connect import shell
+from dflash_ops.connect.place import Place
+from dflash_ops.connect.transport import Result
 
 SMOKE_TIMEOUT = 300.0
 

@@ -25,11 +25,11 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dflash_ops import shell
+from dflash_ops.connect import shell
 from dflash_ops.errors import CheckpointPathError, UnsafeValue
 
 if TYPE_CHECKING:
-    from dflash_ops.place import Place
+    from dflash_ops.connect.place import Place
 
 ARCHIVE = "archive"
 Names = list[str]  # `list` is also a method of Checkpoints

@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_ops.commands.eval import checkpoint_path
+from dflash_ops.connect.transport import StreamResult
 from dflash_ops.errors import ExportError
-from dflash_ops.evaluation import checkpoint_path
-from dflash_ops.launch import TRAIN_CONFIG, in_release
-from dflash_ops.transport import StreamResult
-from dflash_ops.workspace import Workspace
+from dflash_ops.remote.launch import TRAIN_CONFIG, in_release
+from dflash_ops.settings.workspace import Workspace
 
 FILES = ("config.json", "model.safetensors")
 DTYPES = ("bf16", "fp16", "fp32")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_ops import shell, ssh_names
+from dflash_ops.connect import shell, ssh_names
 from dflash_ops.errors import ConfigError, UnsafeValue
 
 CONFIG_ENV = "DFLASH_CONFIG"

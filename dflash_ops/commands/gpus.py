@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dflash_ops.connect.place import Place
 from dflash_ops.errors import CommandTimedOut
-from dflash_ops.place import Place
 
 QUERY = "index,utilization.gpu,memory.used,memory.total"
 SMI_ARGV = ("nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits")
