@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from dflash_ops.connect.shell import env_key, env_value, quote, quote_argv
 
 if TYPE_CHECKING:
-    from dflash_ops.settings.deploy_config import JobConfig
+    from dflash_ops.settings.job_config import JobConfig
 
 COMMAND_FILE = "command.sh"
 HIDE_GPUS = "CUDA_VISIBLE_DEVICES"  # set empty for `[job] gpus = 0`: CUDA then lists no device

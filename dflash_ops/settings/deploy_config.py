@@ -8,6 +8,7 @@ settings.
     [target]            where the job runs when nothing else selects a target
     [targets.NAME]      named targets (`--target NAME`), same fields as [target]
     [job]               the tmux session, its log, environment, GPU split, optional command
+                        (`job_config.py`)
     [train]             opaque to us: handed to the trainer as a TOML file
 
 Precedence for a target's fields: command-line flags > the selected target's fields > per-place
@@ -17,18 +18,18 @@ defaults. Selection: `--target NAME` or `--host`, else the target last deployed 
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import re
 import sys
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dflash_ops.connect import shell, ssh_names
 from dflash_ops.errors import ConfigError, UnsafeValue
+from dflash_ops.settings.job_config import JobConfig, job_config
+from dflash_ops.settings.toml_keys import INT, STR, TABLE, Schema, check_keys, type_error
 
 CONFIG_ENV = "DFLASH_CONFIG"
 DEFAULT_CONFIG_NAME = "deploy.toml"
@@ -38,42 +39,23 @@ REMOTE_ROOT = "/root/dflash"
 REMOTE_CHECKPOINTS = "/workspace/checkpoints"
 REMOTE_PYTHON = "python3"
 LOCAL_DIR = ".dflash/local"  # relative to the config's folder
-DEFAULT_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
-# key → (accepted types, description used in messages)
-_INT = ((int,), "an integer")
-_STR = ((str,), "a string")
-_NUM = ((int, float), "a number")
-_TABLE = ((dict,), "a table")
-_TARGET_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
-    "place": _STR,
-    "host": _STR,
-    "user": _STR,
-    "port": _INT,
-    "ct": _INT,
-    "root": _STR,
-    "checkpoints": _STR,
-    "python": _STR,
+
+_TARGET_KEYS: Schema = {
+    "place": STR,
+    "host": STR,
+    "user": STR,
+    "port": INT,
+    "ct": INT,
+    "root": STR,
+    "checkpoints": STR,
+    "python": STR,
 }
-_JOB_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
-    "session": _STR,
-    "log": _STR,
-    "env": _TABLE,
-    "gpus": _INT,
-    "target_gpus": _INT,
-    "nodes": _INT,
-    "rendezvous": _STR,
-    "command": _STR,
-    "socket": _STR,
-    "stop_timeout": _NUM,
-    "lock_wait": _NUM,
-    "lock_max_age": _NUM,
-}
-_TOP_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
-    "target": _TABLE,
-    "targets": _TABLE,
-    "job": _TABLE,
-    "train": _TABLE,
+_TOP_KEYS: Schema = {
+    "target": TABLE,
+    "targets": TABLE,
+    "job": TABLE,
+    "train": TABLE,
 }
 
 
@@ -130,24 +112,6 @@ class Target:
 
 
 @dataclass(frozen=True, kw_only=True)
-class JobConfig:
-    """The `[job]` table: one tmux session running one command with its log and environment."""
-
-    session: str = "dflash"
-    log: str = "train_stdout.log"
-    env: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_ENV))
-    gpus: int = 0
-    target_gpus: int = 0  # of all nodes together: target ranks are the first global ranks
-    nodes: int = 1
-    rendezvous: str | None = None  # "host:port" of torchrun's c10d store, when nodes > 1
-    command: str | None = None
-    socket: str | None = None  # None: keyed to the target's root (`job.socket_for`)
-    stop_timeout: float = 30.0
-    lock_wait: float = 10.0  # seconds a command waits for the place's deploy lock
-    lock_max_age: float = 6 * 3600.0  # a lock older than this is stale wherever its holder is
-
-
-@dataclass(frozen=True, kw_only=True)
 class Config:
     """One parsed `deploy.toml`. Targets stay raw tables until one is selected and resolved."""
 
@@ -198,15 +162,15 @@ def load_config(path: Path) -> Config:
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"Cannot read {path}: {exc}.") from None
-    _check_keys(raw, _TOP_KEYS, prefix="", path=path)
+    check_keys(raw, _TOP_KEYS, prefix="", path=path)
     default_target = raw.get("target", {})
     _check_target(default_target, prefix="target", path=path)
     targets = raw.get("targets", {})
     for name, table in targets.items():
         if not isinstance(table, dict):
-            raise _type_error(f"targets.{name}", table, "a table", path)
+            raise type_error(f"targets.{name}", table, "a table", path)
         _check_target(table, prefix=f"targets.{name}", path=path)
-    job = _job_config(raw.get("job", {}), path=path)
+    job = job_config(raw.get("job", {}), path=path)
     return Config(
         path=path,
         default_target=default_target,
@@ -376,166 +340,10 @@ def _remote_path(key: str, value: str, where: str) -> str:
         ) from None
 
 
-def _check_keys(
-    table: Mapping[str, Any],
-    schema: Mapping[str, tuple[tuple[type, ...], str]],
-    *,
-    prefix: str,
-    path: Path,
-) -> None:
-    for key, value in table.items():
-        dotted = f"{prefix}.{key}" if prefix else key
-        if key not in schema:
-            known = ", ".join(schema)
-            raise ConfigError(
-                f"Unknown key {dotted!r} in {path}.",
-                hint=f"Known keys{' in [' + prefix + ']' if prefix else ''}: {known}.",
-            )
-        types, words = schema[key]
-        if isinstance(value, bool) or not isinstance(value, types):
-            raise _type_error(dotted, value, words, path)
-
-
-def _type_error(key: str, value: Any, words: str, path: Path) -> ConfigError:
-    return ConfigError(
-        f"Key {key!r} in {path} must be {words}, not {value!r} ({_toml_type(value)}).",
-    )
-
-
-def _toml_type(value: Any) -> str:
-    names = {bool: "boolean", int: "integer", float: "float", str: "string", dict: "table"}
-    return names.get(type(value), "array" if isinstance(value, list) else type(value).__name__)
-
-
 def _check_target(table: Mapping[str, Any], *, prefix: str, path: Path) -> None:
-    _check_keys(table, _TARGET_KEYS, prefix=prefix, path=path)
+    check_keys(table, _TARGET_KEYS, prefix=prefix, path=path)
     place = table.get("place")
     if place is not None and place not in PLACES:
         raise ConfigError(
             f"Key '{prefix}.place' in {path} must be one of {', '.join(PLACES)}, not {place!r}.",
-        )
-
-
-def _job_config(table: Mapping[str, Any], *, path: Path) -> JobConfig:
-    _check_keys(table, _JOB_KEYS, prefix="job", path=path)
-    env = dict(DEFAULT_ENV)
-    for key, value in table.get("env", {}).items():
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise _type_error(f"job.env.{key}", value, "a string (or a number)", path)
-        try:
-            env[shell.env_key(key)] = shell.env_value(str(value))
-        except UnsafeValue as exc:
-            raise ConfigError(f"Key 'job.env.{key}' in {path}: {exc}") from None
-    values: dict[str, Any] = {k: v for k, v in table.items() if k != "env"}
-    for key in ("session", "socket"):
-        if key in values:
-            _check_name(f"job.{key}", values[key], path)
-    for key in ("gpus", "target_gpus"):
-        if key in values and values[key] < 0:
-            raise ConfigError(f"Key 'job.{key}' in {path} must be 0 or more, not {values[key]}.")
-    job = JobConfig(env=env, **values)
-    _check_nodes(job, path)
-    total = job.gpus * job.nodes
-    if job.gpus > 0 and job.target_gpus >= total:
-        nodes = f" × job.nodes = {job.nodes}" if job.nodes > 1 else ""
-        raise ConfigError(
-            f"Key 'job.target_gpus' in {path} is {job.target_gpus} but job.gpus is "
-            f"{job.gpus}{nodes}: at least one GPU must train the drafter.",
-            hint="Set job.target_gpus below the number of GPUs of all nodes together.",
-        )
-    if job.gpus == 0 and job.target_gpus:
-        raise ConfigError(
-            f"Key 'job.target_gpus' in {path} is {job.target_gpus} but job.gpus is 0 (CPU).",
-            hint="Set job.gpus to the number of GPUs, or job.target_gpus = 0.",
-        )
-    if job.stop_timeout <= 0:
-        raise ConfigError(f"Key 'job.stop_timeout' in {path} must be more than 0 seconds.")
-    if job.lock_wait < 0 or job.lock_max_age <= 0:
-        raise ConfigError(
-            f"Keys 'job.lock_wait' (0 or more) and 'job.lock_max_age' (more than 0) in {path} "
-            "are seconds.",
-        )
-    if job.command is not None and not job.command.strip():
-        raise ConfigError(f"Key 'job.command' in {path} is empty.", hint="Remove it or set it.")
-    _check_log(job.log, path)
-    return job
-
-
-# One DNS label (RFC 1123): letters, digits and inner hyphens.
-_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-
-
-def _check_nodes(job: JobConfig, path: Path) -> None:
-    """`nodes` and `rendezvous` come together: several nodes meet at one endpoint, one node
-    needs none (torchrun's `--standalone`), so a stray endpoint is refused, not ignored."""
-    if job.nodes < 1:
-        raise ConfigError(f"Key 'job.nodes' in {path} must be 1 or more, not {job.nodes}.")
-    if job.nodes == 1:
-        if job.rendezvous is not None:
-            raise ConfigError(
-                f"Key 'job.rendezvous' in {path} is set but job.nodes is 1.",
-                hint="Remove job.rendezvous, or set job.nodes to the number of nodes.",
-            )
-        return
-    if job.gpus < 1:
-        raise ConfigError(
-            f"Key 'job.gpus' in {path} is 0 but job.nodes is {job.nodes}: set the processes "
-            "(GPUs) each node runs.",
-            hint="Set job.gpus to the GPUs of one node.",
-        )
-    if job.rendezvous is None:
-        raise ConfigError(
-            f"Key 'job.rendezvous' in {path} is missing: job.nodes = {job.nodes} needs the "
-            "host:port where the nodes meet.",
-            hint='Set job.rendezvous = "node0.example:29400" (reachable from every node).',
-        )
-    _check_endpoint(job.rendezvous, path)
-
-
-def _check_endpoint(endpoint: str, path: Path) -> None:
-    """`host:port` with a host name, an IPv4 address or a bracketed IPv6 address."""
-    bad = ConfigError(
-        f"Key 'job.rendezvous' in {path} must be host:port (a host name, an IPv4 address or "
-        f"[an IPv6 address], and a port 1-65535), not {endpoint!r}.",
-        hint='For example: rendezvous = "10.0.0.1:29400" or "[fd00::1]:29400".',
-    )
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise bad
-    if host.startswith("[") and host.endswith("]"):
-        try:
-            ipaddress.IPv6Address(host[1:-1])
-        except ValueError:
-            raise bad from None
-        return
-    labels = host.split(".")
-    if all(label.isdigit() for label in labels):  # digits and dots: it must be an IPv4 address
-        try:
-            ipaddress.IPv4Address(host)
-        except ValueError:
-            raise bad from None
-        return
-    if len(host) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
-        raise bad
-
-
-def _check_name(key: str, value: str, path: Path) -> None:
-    """tmux names: the shared validator, minus '.', which tmux rewrites to '_' in names."""
-    try:
-        shell.session_name(value)
-    except UnsafeValue as exc:
-        raise ConfigError(f"Key {key!r} in {path}: {exc}") from None
-    if "." in value:
-        raise ConfigError(
-            f"Key {key!r} in {path}: {value!r} contains '.', which tmux rewrites in names.",
-            hint="Use letters, digits, '_' or '-'.",
-        )
-
-
-def _check_log(log: str, path: Path) -> None:
-    parts = log.split("/")
-    if not log or "\x00" in log or "\n" in log or ".." in parts or log.endswith("/"):
-        raise ConfigError(
-            f"Key 'job.log' in {path} must be a file name (relative to checkpoints) or an "
-            f"absolute path without '..', not {log!r}.",
         )
