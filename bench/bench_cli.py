@@ -46,9 +46,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from dflash_ops.commands import operations  # noqa: E402
+from dflash_ops.commands.workspace import Workspace, open_place  # noqa: E402
 from dflash_ops.connect.transport import Result, Stdin, StreamResult  # noqa: E402
 from dflash_ops.settings.deploy_config import TargetFlags  # noqa: E402
-from dflash_ops.settings.workspace import Workspace, open_place  # noqa: E402
 from tests.cli_helpers import Where, kill_tmux_server  # noqa: E402
 from tests.fixtures.proxmox import Proxmox  # noqa: E402
 from tests.fixtures.ssh import SSHServer, new_server, shutdown, write_client_home  # noqa: E402

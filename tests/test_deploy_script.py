@@ -20,15 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops.commands.checks import Setup
 from dflash_ops.commands.operations import launch_argv
+from dflash_ops.commands.workspace import Workspace
 from dflash_ops.errors import ReleaseError
 from dflash_ops.remote import client
 from dflash_ops.remote.launch import LaunchPlan
 from dflash_ops.remote.lock import LOCK_NAME
 from dflash_ops.remote.release import build_bundle, new_release_id
 from dflash_ops.settings.deploy_config import TargetFlags
-from dflash_ops.settings.workspace import Workspace
 from tests.cli_helpers import Where, kill_tmux_server, remote_where
 
 CT = 210
@@ -166,7 +165,6 @@ def test_a_broken_tarball_leaves_current_and_the_job(remote: Where) -> None:
     ws = Workspace.load(config_file=None, flags=TargetFlags())
     try:
         plan = client.DeployPlan(
-            setup=Setup.of(ws),
             releases=ws.releases(),
             job=ws.job(),
             lock=ws.lock(),
@@ -201,7 +199,7 @@ def test_local_deploy_is_one_command(tmp_path: Path) -> None:
     """This machine: the same script through a subprocess, one `run` at the place."""
     from bench.bench_cli import CountingPlace
     from dflash_ops.commands import operations
-    from dflash_ops.settings.workspace import open_place
+    from dflash_ops.commands.workspace import open_place
 
     project = tmp_path / "project"
     project.mkdir()

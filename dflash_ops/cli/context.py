@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from dflash_ops.cli.options import TargetChoice
-from dflash_ops.settings.workspace import Workspace
+from dflash_ops.commands.workspace import Workspace
 
 
 @dataclass(frozen=True, kw_only=True)

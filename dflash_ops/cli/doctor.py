@@ -15,7 +15,7 @@ from dflash_ops.cli.options import (
     with_target,
 )
 from dflash_ops.commands import doctor
-from dflash_ops.settings.workspace import open_place
+from dflash_ops.commands.workspace import open_place
 
 app = typer.Typer()
 

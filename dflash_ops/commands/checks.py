@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_ops.commands.workspace import Workspace
 from dflash_ops.connect import shell
 from dflash_ops.connect.place import Place
 from dflash_ops.connect.transport import Result
 from dflash_ops.errors import DflashError
 from dflash_ops.settings.deploy_config import Target
 from dflash_ops.settings.job_config import JobConfig
-from dflash_ops.settings.workspace import Workspace
 
 MIN_TORCH = (2, 6)
 DEFAULT_MIN_FREE_GIB = 10.0

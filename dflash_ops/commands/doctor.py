@@ -37,11 +37,16 @@ from dflash_ops.commands.checks import (
     check_tmux,
     check_torch,
     from_error,
+    judge_python,
+    judge_tmux,
+    python_probe_argv,
 )
 from dflash_ops.commands.smoke_check import check_smoke, smoke_check
-from dflash_ops.commands.train_check import check_train_config
+from dflash_ops.commands.train_check import applies, check_argv, check_train_config, invalid
 from dflash_ops.connect.place import Place
+from dflash_ops.connect.transport import Result
 from dflash_ops.errors import DflashError
+from dflash_ops.remote.client import Preflight
 from dflash_ops.settings.deploy_config import Target
 
 __all__ = ["DEFAULT_MIN_FREE_GIB", "Check", "Setup", "diagnose", "smoke_check"]
@@ -116,6 +121,24 @@ def diagnose(
 
 class PreflightFailed(DflashError):
     """tmux or python failed deploy's preflight; the message is the check's, the hint its fix."""
+
+
+def deploy_preflight(setup: Setup, where: str) -> Preflight:
+    """What deploy checks inside its one command before anything changes, in doctor's words:
+    `tmux -V` and the job's python answering the version probe (judged by `judge_tmux` and
+    `judge_python`), then the trainer's check of `[train]` in the unpacked release."""
+
+    def failed(step: str, result: Result) -> DflashError:
+        if step == "tmux":
+            return failure(judge_tmux(setup, where, result))
+        return failure(judge_python(setup, where, result, Findings()))
+
+    return Preflight(
+        probe=python_probe_argv(setup),
+        check=check_argv(setup) if applies(setup) else [],
+        failed=failed,
+        invalid=lambda code, lines: invalid(where, code, lines),
+    )
 
 
 def failure(check: Check) -> PreflightFailed:

@@ -12,11 +12,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_ops.commands.workspace import Workspace
 from dflash_ops.connect import shell
 from dflash_ops.connect.transport import StreamResult
 from dflash_ops.errors import EvaluationError
 from dflash_ops.remote.launch import TRAIN_CONFIG, in_release
-from dflash_ops.settings.workspace import Workspace
 
 # A bare checkpoint name (`step-00000300`, or a run folder's name) resolves inside the
 # checkpoints folder; anything with a slash must be an absolute path at the place.

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_ops.commands.eval import checkpoint_path
+from dflash_ops.commands.workspace import Workspace
 from dflash_ops.connect.transport import StreamResult
 from dflash_ops.errors import ExportError
 from dflash_ops.remote.launch import TRAIN_CONFIG, in_release
-from dflash_ops.settings.workspace import Workspace
 
 FILES = ("config.json", "model.safetensors")
 DTYPES = ("bf16", "fp16", "fp32")

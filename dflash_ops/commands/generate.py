@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from dflash_ops.commands import operations
+from dflash_ops.commands.workspace import Workspace
 from dflash_ops.connect import shell
 from dflash_ops.errors import GenerationError
 from dflash_ops.remote.launch import TRAIN_CONFIG
-from dflash_ops.settings.workspace import Workspace
 
 # request field → trainer.generate flag, for the optional values passed through as given
 _FLAGS = {

@@ -8,7 +8,7 @@ restart: stop → archive (with `--clean`) → start the job of the current rele
 rollback: switch `current` to an earlier complete release → stop → start (resuming; one command).
 stop:    SIGINT, SIGTERM, SIGKILL to the job's process group, then end the session (one command).
 
-deploy, restart, rollback and stop hold the target's deploy lock (`lock.py`) while they act, so
+deploy, restart, rollback and stop hold the target's deploy lock (`remote/lock.py`) while they act, so
 two of them never interleave; `force` takes over a lock whose holder is gone.
 status:  the session's state, the release, the last log lines and the trainer's last metrics;
          the place's GPUs from `nvidia-smi` with the role and memory of the ranks on each, and
@@ -24,14 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_ops.commands import gpus
+from dflash_ops.commands import doctor, gpus
 from dflash_ops.commands.checks import Setup
+from dflash_ops.commands.workspace import Workspace
 from dflash_ops.remote import client
 from dflash_ops.remote.job import JobState
 from dflash_ops.remote.launch import LaunchPlan
 from dflash_ops.remote.release import build_bundle, new_release_id
 from dflash_ops.settings import state
-from dflash_ops.settings.workspace import Workspace
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -67,12 +67,12 @@ def launch_argv(ws: Workspace) -> list[str]:
 def remote_plan(
     ws: Workspace, *, warn: Say, env: dict[str, str] | None = None
 ) -> client.DeployPlan:
-    """The target's parts as the one-command script needs them. Opens the place without the
-    container check: the script's command is that check (see `Workspace.open`). `env`: added
+    """The target's parts as the site program needs them. Opens the place without the
+    container check: the program's command is that check (see `Workspace.open`). `env`: added
     to `[job] env` for this start only."""
     ws.open(check=False)
     return client.DeployPlan(
-        setup=Setup.of(ws),
+        preflight=doctor.deploy_preflight(Setup.of(ws), ws.place.description),
         releases=ws.releases(),
         job=ws.job(),
         lock=ws.lock(warn=warn),

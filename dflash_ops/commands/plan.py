@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dflash_ops.commands.workspace import Workspace
 from dflash_ops.connect.transport import StreamResult
 from dflash_ops.errors import JobRunning, RemoteCommandFailed
 from dflash_ops.remote.launch import TRAIN_CONFIG, in_release
-from dflash_ops.settings.workspace import Workspace
 
 SHOWN_ARGV = ("python", "-m", "trainer.plan")  # how a failure names the command
 

@@ -22,8 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_ops.commands import doctor, train_check
-from dflash_ops.commands.checks import Findings, Setup, judge_python, judge_tmux, python_probe_argv
 from dflash_ops.connect.transport import HeldOpen, Result
 from dflash_ops.errors import DflashError, RemoteCommandFailed
 from dflash_ops.remote.checkpoints import Checkpoints, PruneReport
@@ -115,9 +113,21 @@ class Done:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Preflight:
+    """A deploy's checks before anything changes, as the caller words them: the job's python
+    answering a probe (after `tmux -V`), the trainer's check of the bundle's train.toml (empty:
+    none), and the typed errors of their failures (`dflash doctor`'s own words)."""
+
+    probe: Sequence[str]
+    check: Sequence[str]
+    failed: Callable[[str, Result], DflashError]  # "tmux" or "python", and what it answered
+    invalid: Callable[[int, Sequence[str]], DflashError]  # the check's status and its lines
+
+
+@dataclass(frozen=True, kw_only=True)
 class DeployPlan:
-    """Everything the program needs besides the steps: the target's parts and the job.
-    `setup` (the target, `[job]`, `[train]`) is needed by a deploy's preflight and check."""
+    """Everything the program needs besides the steps: the target's parts and the job;
+    `preflight`: what a deploy checks first (None: nothing)."""
 
     releases: Releases
     job: Job
@@ -126,7 +136,7 @@ class DeployPlan:
     launch: Sequence[str]  # the job's argv
     cwd: str
     env: dict[str, str]
-    setup: Setup | None = None
+    preflight: Preflight | None = None
     keep: int = KEEP
 
 
@@ -161,12 +171,10 @@ def argv(
 
 def _preflight(plan: DeployPlan, steps: Steps) -> list[tuple[str, str]]:
     """`--probe` (the job's python) and `--check` (the trainer's check of train.toml) words."""
-    if not steps.preflight or plan.setup is None:
+    if not steps.preflight or plan.preflight is None:
         return []
-    words = [("probe", word) for word in python_probe_argv(plan.setup)]
-    if train_check.applies(plan.setup):
-        words += [("check", word) for word in train_check.check_argv(plan.setup)]
-    return words
+    words = [("probe", word) for word in plan.preflight.probe]
+    return words + [("check", word) for word in plan.preflight.check]
 
 
 def run(plan: DeployPlan, steps: Steps, *, force: bool = False, expect: str = "") -> Done:
@@ -220,21 +228,20 @@ Failure = Callable[["DeployPlan", Steps, Outcome], DflashError | None]
 
 
 def _preflight_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError | None:
-    """tmux or python, judged by doctor's own functions: the same words as `dflash doctor`."""
-    if outcome.exit_code != PREFLIGHT or plan.setup is None:
+    """tmux or python, in the caller's words (`Preflight.failed`)."""
+    if outcome.exit_code != PREFLIGHT or plan.preflight is None:
         return None
-    step, where = outcome.step, plan.releases.place.description
+    step = outcome.step
     said, _, out = (outcome.fact(step) or "").partition(" ")
     result = Result((step,), int(said) if said.isdigit() else outcome.exit_code,
                     out.encode(), outcome.stderr.encode())  # fmt: skip
-    if step == "tmux":
-        return doctor.failure(judge_tmux(plan.setup, where, result))
-    return doctor.failure(judge_python(plan.setup, where, result, Findings()))
+    return plan.preflight.failed(step, result)
 
 
-def _check_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError:
-    where = plan.releases.place.description
-    return train_check.invalid(where, outcome.code, outcome.facts.get("check", []))
+def _check_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError | None:
+    if plan.preflight is None:
+        return None
+    return plan.preflight.invalid(outcome.code, outcome.facts.get("check", []))
 
 
 def _unpack_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError | None:

@@ -1,6 +1,6 @@
 """One command's view of the world: the config, the chosen target, and the place it lives at.
 
-The CLI builds a `Workspace` from its flags; the operations (`operations.py`) get the job, the
+The CLI builds a `Workspace` from its flags; the operations (`commands/operations.py`) get the job, the
 releases and the checkpoints of the target from it. The place is opened on first use and checked
 (`ensure_ready`: e.g. `pct` present, container exists and runs) before anything acts on it.
 """
