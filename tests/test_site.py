@@ -10,7 +10,9 @@ import pytest
 
 from dflash_ops.connect.place import HostPlace
 from dflash_ops.connect.transport import LocalTransport
+from dflash_ops.errors import ReleaseError
 from dflash_ops.remote import checkpoints, client, job, release
+from tests.site_helpers import Site, site_fixture, tmux_socket_fixture  # noqa: F401
 
 
 def constant(name: str) -> str:
@@ -49,3 +51,12 @@ def test_an_unknown_call_is_refused_before_anything(
     result = HostPlace(LocalTransport()).run(argv, check=False)
     assert result.exit_code == 2 and said in result.stderr_text
     assert not root.exists()  # no lock taken, nothing created
+
+
+def test_restart_with_nothing_deployed_says_so_and_changes_nothing(site: Site) -> None:
+    """The `current` step fails: the client's table turns it into the release layer's error."""
+    with pytest.raises(ReleaseError, match="Nothing is deployed") as err:
+        site.restart()
+    assert "dflash deploy" in (err.value.hint or "")
+    assert not Path(site.plan.lock.path).is_symlink()  # the program released its lock
+    assert not site.job.state().exists

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from dflash_ops.connect.transport import HeldOpen, Result
 from dflash_ops.errors import DflashError, RemoteCommandFailed
@@ -32,6 +33,7 @@ from dflash_ops.remote.release import KEEP, Bundle, Releases, checked_id
 log = logging.getLogger(__name__)
 
 SITE = (Path(__file__).parent / "site.sh").read_text()
+Command = Literal["deploy", "restart", "rollback", "stop"]  # site.sh's changing commands
 HELD = 3  # site.sh: the lock is held by someone else
 PREFLIGHT = 10  # site.sh: tmux or python failed the preflight
 
@@ -90,7 +92,7 @@ class Outcome:
 class Steps:
     """One command of the program: deploy (`bundle`), rollback (`switch_to`), restart, stop."""
 
-    doing: str  # the program's command, and the lock's `doing`
+    doing: Command  # the program's command, and the lock's `doing`
     bundle: Bundle | None = None  # deploy: unpack it, switch to it, prune
     switch_to: str | None = None  # rollback: switch to this complete release
     archive: bool = False  # archive the checkpoints after the stop (deploy, restart)

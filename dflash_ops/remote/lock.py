@@ -60,8 +60,8 @@ class Owner:
     since: float  # seconds since the epoch, the holder's clock
     doing: str  # "deploy", "restart", …
     token: str  # makes every record unique
-    # The holding script at the place (written there, by `dflash_lock_record`): its pid and
-    # "BOOT_ID START_TICKS". None in a record taken by a separate command.
+    # The holding program at the place (written there by site.sh's `lock_record`): its pid and
+    # "BOOT_ID START_TICKS". None in a record written by an older dflash or by hand.
     place_pid: int | None = None
     place_start: str | None = None
 
@@ -109,7 +109,7 @@ class Owner:
     ) -> str | None:
         """Why this lock's holder is gone, or None while it may still be working.
 
-        `holder`: what the place said of the script named in the record (`dflash_lock_holder`:
+        `holder`: what the place said of the program named in the record (site.sh's `lock_holder`:
         "alive", "gone", "unknown"); it decides alone when the record names that script.
         """
         if self.place_pid is not None and holder in ("alive", "gone"):
