@@ -45,10 +45,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dflash_ops import operations  # noqa: E402
-from dflash_ops.config import TargetFlags  # noqa: E402
-from dflash_ops.transport import Result, Stdin, StreamResult  # noqa: E402
-from dflash_ops.workspace import Workspace, open_place  # noqa: E402
+from dflash_ops.commands import operations  # noqa: E402
+from dflash_ops.commands.workspace import Workspace, open_place  # noqa: E402
+from dflash_ops.connect.transport import Result, Stdin, StreamResult  # noqa: E402
+from dflash_ops.settings.deploy_config import TargetFlags  # noqa: E402
 from tests.cli_helpers import Where, kill_tmux_server  # noqa: E402
 from tests.fixtures.proxmox import Proxmox  # noqa: E402
 from tests.fixtures.ssh import SSHServer, new_server, shutdown, write_client_home  # noqa: E402

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Run shellcheck on every bash program dflash sends to a place, and on the repository's scripts.
 
-The remote programs live in Python strings. They are found where production uses them: every
-list or tuple literal in `dflash_ops/` holding `"bash", "-c", SCRIPT` has its SCRIPT expression
-evaluated in its own module, so the text checked is the text sent (a script built from module
-constants, such as `deploy_script.SCRIPT`, is checked as assembled). An expression that cannot be
+The site program that changes a place is a file, `dflash_ops/remote/site.sh`, checked as one.
+The small read-only programs live in Python strings. They are found where production uses them:
+every list or tuple literal in `dflash_ops/` holding `"bash", "-c", SCRIPT` has its SCRIPT
+expression evaluated in its own module, so the text checked is the text sent (the client's
+`SITE`, read from site.sh, is checked as sent too). An expression that cannot be
 evaluated that way is reported as an error rather than skipped.
 
     scripts/shellcheck-remote.py            exit 0: clean; 1: findings (printed); 2: no shellcheck
@@ -23,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "dflash_ops"
-SHELL_FILES = ("scripts/*.sh", ".ci/run")
+SHELL_FILES = ("scripts/*.sh", ".ci/run", "dflash_ops/**/*.sh")  # site.sh: the site program
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,17 @@
-"""Archiving and listing the checkpoints folder on the local place (real files, real mv)."""
+"""Archiving (the site program's restart --clean) and listing the checkpoints folder on the
+local place (real files, real mv)."""
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 
 import pytest
 
-from dflash_ops.checkpoints import Checkpoints
+from dflash_ops.connect.place import HostPlace
+from dflash_ops.connect.transport import LocalTransport
 from dflash_ops.errors import CheckpointPathError
-from dflash_ops.place import HostPlace
-from dflash_ops.transport import LocalTransport
+from dflash_ops.remote.checkpoints import Checkpoints, Entry, is_run
+from tests.site_helpers import make_site, start, tmux_socket_fixture  # noqa: F401
 
 
 @pytest.fixture
@@ -29,30 +30,45 @@ def checkpoints(path: Path | str) -> Checkpoints:
     return Checkpoints(HostPlace(LocalTransport()), str(path))
 
 
-def test_archive_moves_everything_and_deletes_nothing(folder: Path) -> None:
+def archive(folder: Path, tmp_path: Path, socket: str) -> str | None:
+    """`restart --clean` through the site program: the job stops, the checkpoints folder is
+    archived, the job (`true`, logging outside the folder) starts again."""
+    site = make_site(
+        HostPlace(LocalTransport()), tmp_path / "root", socket,
+        checkpoints=folder, log=tmp_path / "job.log",
+    )  # fmt: skip
+    return start(site, ["true"], cwd=tmp_path, env={}, archive=True).archived
+
+
+def test_archive_moves_everything_and_deletes_nothing(
+    folder: Path, tmp_path: Path, tmux_socket: str
+) -> None:
     before = sorted(p.name for p in folder.iterdir())
-    when = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
-    dest = checkpoints(folder).archive(now=when)
-    assert dest == f"{folder}/archive/20260102T030405.678Z"
+    dest = archive(folder, tmp_path, tmux_socket)
+    assert dest is not None and is_run(Entry(name=Path(dest).name, kind="d", size=0, mtime=0))
+    assert Path(dest).parent == folder / "archive"
     assert [p.name for p in folder.iterdir()] == ["archive"]
     assert sorted(p.name for p in Path(dest).iterdir()) == before
     assert (Path(dest) / "step-100" / "model.pt").read_bytes() == b"w" * 10
 
     (folder / "step-200").mkdir()
-    second = checkpoints(folder).archive(now=when + dt.timedelta(seconds=1))
-    assert second is not None and sorted(p.name for p in Path(second).iterdir()) == ["step-200"]
+    second = archive(folder, tmp_path, tmux_socket)
+    assert second is not None and second != dest
+    assert sorted(p.name for p in Path(second).iterdir()) == ["step-200"]
     assert sorted(p.name for p in Path(dest).iterdir()) == before  # the first archive untouched
 
 
-def test_archive_of_empty_or_missing_folder(tmp_path: Path) -> None:
-    assert checkpoints(tmp_path / "missing").archive() is None
+def test_archive_of_empty_or_missing_folder(tmp_path: Path, tmux_socket: str) -> None:
+    assert archive(tmp_path / "missing", tmp_path, tmux_socket) is None
+    assert not (tmp_path / "missing").exists()
     (tmp_path / "empty" / "archive").mkdir(parents=True)
-    assert checkpoints(tmp_path / "empty").archive() is None
+    assert archive(tmp_path / "empty", tmp_path, tmux_socket) is None
+    assert [p.name for p in (tmp_path / "empty").iterdir()] == ["archive"]
 
 
-def test_list_live_and_archived(folder: Path) -> None:
+def test_list_live_and_archived(folder: Path, tmp_path: Path, tmux_socket: str) -> None:
     ck = checkpoints(folder)
-    ck.archive()
+    archive(folder, tmp_path, tmux_socket)
     (folder / "step-300").mkdir()
     listing = ck.list()
     assert [e.name for e in listing.live] == ["step-300"]

@@ -24,7 +24,7 @@ from dflash_ops.cli.options import (
     UserOption,
     with_target,
 )
-from dflash_ops.config import TargetFlags
+from dflash_ops.settings.deploy_config import TargetFlags
 
 FLAGS = ["target", "host", "user", "port", "ct", "accept_new_host_key"]
 JsonOption = Annotated[bool, typer.Option("--json", help="One JSON object.")]

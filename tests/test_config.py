@@ -11,15 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dflash_ops import state, toml_writer
-from dflash_ops.config import (
-    DEFAULT_ENV,
-    TargetFlags,
-    find_config,
-    load_config,
-    resolve_target,
-)
 from dflash_ops.errors import ConfigError
+from dflash_ops.settings import state, toml_writer
+from dflash_ops.settings.deploy_config import TargetFlags, find_config, load_config, resolve_target
+from dflash_ops.settings.job_config import DEFAULT_ENV
 
 FULL = """
 [target]

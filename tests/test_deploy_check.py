@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops.lock import LOCK_NAME
+from dflash_ops.remote.lock import LOCK_NAME
 from tests.cli_helpers import REPO, Where, kill_tmux_server
 from trainer.config import DemoConfig
 from trainer.demo import build_target, build_tokenizer

@@ -1,4 +1,4 @@
-"""`dflash deploy` as one remote command (`deploy_script`), with real parts: the loopback sshd
+"""`dflash deploy` as one remote command (the site program, `remote/site.sh`), with real parts: the loopback sshd
 (whose log counts the commands a deploy ran), the `pct` stand-in, real tmux and files.
 
 Counted, not timed: a deploy, a restart and a stop at an SSH host or in a container are ONE
@@ -20,15 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops import deploy_script
-from dflash_ops.checks import Setup
-from dflash_ops.config import TargetFlags
+from dflash_ops.commands.operations import launch_argv
+from dflash_ops.commands.workspace import Workspace
 from dflash_ops.errors import ReleaseError
-from dflash_ops.launch import LaunchPlan
-from dflash_ops.lock import LOCK_NAME
-from dflash_ops.operations import launch_argv
-from dflash_ops.release import build_bundle, new_release_id
-from dflash_ops.workspace import Workspace
+from dflash_ops.remote import client
+from dflash_ops.remote.launch import LaunchPlan
+from dflash_ops.remote.lock import LOCK_NAME
+from dflash_ops.remote.release import build_bundle, new_release_id
+from dflash_ops.settings.deploy_config import TargetFlags
 from tests.cli_helpers import Where, kill_tmux_server, remote_where
 
 CT = 210
@@ -154,7 +153,7 @@ def test_a_python_that_does_not_run_stops_before_anything(remote: Where, sshd) -
 
 
 def test_a_broken_tarball_leaves_current_and_the_job(remote: Where) -> None:
-    """Through `deploy_script.run` with a bundle that is not a tar: the unpack fails with the
+    """Through `client.run` with a bundle that is not a tar: the unpack fails with the
     release layer's error; `current`, the running job and the checkpoints stay; the lock goes."""
     remote.config('echo "run of $DFLASH_RELEASE"; sleep 60')
     assert remote.run("deploy", *remote.flags).returncode == 0
@@ -165,8 +164,7 @@ def test_a_broken_tarball_leaves_current_and_the_job(remote: Where) -> None:
     os.chdir(remote.project)
     ws = Workspace.load(config_file=None, flags=TargetFlags())
     try:
-        plan = deploy_script.DeployPlan(
-            setup=Setup.of(ws),
+        plan = client.DeployPlan(
             releases=ws.releases(),
             job=ws.job(),
             lock=ws.lock(),
@@ -184,7 +182,7 @@ def test_a_broken_tarball_leaves_current_and_the_job(remote: Where) -> None:
         bundle = build_bundle(ws.config.project_dir, plan=launch, train={}, target="x")
         broken = type(bundle)(release_id=bundle.release_id, data=b"not a tar\n" * 200, meta={})
         with pytest.raises(ReleaseError, match="Could not unpack") as err:
-            deploy_script.run(plan, deploy_script.Steps(doing="deploy", bundle=broken))
+            client.run(plan, client.Steps(doing="deploy", bundle=broken))
         assert "current release is unchanged" in err.value.hint
     finally:
         ws.close()
@@ -200,8 +198,8 @@ def test_a_broken_tarball_leaves_current_and_the_job(remote: Where) -> None:
 def test_local_deploy_is_one_command(tmp_path: Path) -> None:
     """This machine: the same script through a subprocess, one `run` at the place."""
     from bench.bench_cli import CountingPlace
-    from dflash_ops import operations
-    from dflash_ops.workspace import open_place
+    from dflash_ops.commands import operations
+    from dflash_ops.commands.workspace import open_place
 
     project = tmp_path / "project"
     project.mkdir()

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_ops import doctor
-from dflash_ops.config import TargetFlags, load_config, resolve_target
-from dflash_ops.place import ContainerPlace, HostPlace
-from dflash_ops.transport import LocalTransport, SSHTransport
-from dflash_ops.workspace import Workspace
+from dflash_ops.commands import doctor
+from dflash_ops.connect.place import ContainerPlace, HostPlace
+from dflash_ops.connect.transport import LocalTransport, SSHTransport
+from dflash_ops.settings.deploy_config import TargetFlags, load_config, resolve_target
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable  # has torch: the job's python in every test
@@ -428,19 +427,3 @@ def test_read_only_checkpoints_mount_in_the_container(proxmox, tmp_path):
     assert "/workspace/checkpoints is not writable" in check.detail
     assert "Read-only file system" in check.detail
     assert "read-only mount" in check.fix
-
-
-def test_preflight_runs_on_the_workspace_connection(proxmox, tmp_path):
-    proxmox.create(200)
-    lend_python(proxmox, 200)
-    folder = pve_project(tmp_path)
-    (folder / "deploy.toml").write_text(
-        (folder / "deploy.toml").read_text().replace("[job]", '[job]\ncommand = "true"')
-    )
-    ws = Workspace.load(config_file=folder / "deploy.toml", flags=TargetFlags())
-    try:
-        checks = doctor.preflight(ws)
-        assert [c.name for c in checks] == ["tmux", "python"]
-        assert ws.place.transport.connections_opened == 1
-    finally:
-        ws.close()

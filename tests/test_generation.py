@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import shlex
 
-from dflash_ops.generation import GenerateRequest
-from dflash_ops.launch import LaunchPlan, render, trainer_argv
+from dflash_ops.commands.generate import GenerateRequest
+from dflash_ops.remote.launch import LaunchPlan, render, trainer_argv
 
 
 def test_the_request_becomes_the_generators_argv() -> None:

@@ -16,10 +16,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dflash_ops import shell, toml_writer
+from dflash_ops.connect import shell
+from dflash_ops.connect.place import ContainerPlace, HostPlace, Place
+from dflash_ops.connect.transport import LocalTransport, SSHTransport
 from dflash_ops.errors import UnsafeValue
-from dflash_ops.place import ContainerPlace, HostPlace, Place
-from dflash_ops.transport import LocalTransport, SSHTransport
+from dflash_ops.settings import toml_writer
 from tests.cli_helpers import dflash
 
 CT = 230
@@ -197,8 +198,8 @@ def test_config_strings_are_kept_literally_or_refused_naming_the_key(
     tmp_path_factory: pytest.TempPathFactory, name: str, session: str, path: str
 ) -> None:
     """Target names, the session name and the target's paths, written into deploy.toml."""
-    from dflash_ops.config import TargetFlags, load_config, resolve_target
     from dflash_ops.errors import ConfigError
+    from dflash_ops.settings.deploy_config import TargetFlags, load_config, resolve_target
 
     folder = tmp_path_factory.mktemp("cfg")
     table = {

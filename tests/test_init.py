@@ -11,10 +11,10 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dflash_ops import init
-from dflash_ops.config import TargetFlags, load_config, resolve_target
-from dflash_ops.place import HostPlace
-from dflash_ops.transport import LocalTransport
+from dflash_ops.commands import init
+from dflash_ops.connect.place import HostPlace
+from dflash_ops.connect.transport import LocalTransport
+from dflash_ops.settings.deploy_config import TargetFlags, load_config, resolve_target
 from trainer.split_rule import default_target_gpus
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,40 +1,25 @@
-"""The tmux job on the local place: real tmux on a private socket per test, real files."""
+"""The tmux job on the local place, started and stopped by the site program (restart, stop)
+through its client: real tmux on a private socket per test, real files."""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from dflash_ops.errors import JobRunning, UnsafeValue
-from dflash_ops.job import Job, JobState, tmux_arg
-from dflash_ops.place import HostPlace
-from dflash_ops.transport import LocalTransport
+from dflash_ops.connect.place import HostPlace
+from dflash_ops.connect.transport import LocalTransport
+from dflash_ops.errors import UnsafeValue
+from dflash_ops.remote.job import Job, JobState, tmux_arg
+from tests.site_helpers import Site, site_fixture, start, tmux_socket_fixture  # noqa: F401
 
 
 @pytest.fixture
-def socket_name() -> Iterator[str]:
-    name = f"dflash-test-{uuid.uuid4().hex[:10]}"
-    yield name
-    os.system(f"tmux -L {name} kill-server >/dev/null 2>&1")
-
-
-@pytest.fixture
-def job(tmp_path: Path, socket_name: str) -> Job:
-    place = HostPlace(LocalTransport())
-    return Job(
-        place,
-        session="dflash",
-        log=str(tmp_path / "ckpt" / "train_stdout.log"),
-        socket=socket_name,
-        local=True,
-        stop_timeout=5.0,
-    )
+def job(site: Site) -> Job:
+    return site.job
 
 
 def wait_for(predicate, timeout: float = 10.0):  # type: ignore[no-untyped-def]
@@ -51,12 +36,12 @@ def exited(job: Job) -> JobState:
     return wait_for(lambda: (s := job.state()).exists and not s.running and s)
 
 
-def test_start_runs_argv_with_env_cwd_and_appends_log(job: Job, tmp_path: Path) -> None:
+def test_start_runs_argv_with_env_cwd_and_appends_log(site: Site, job: Job, tmp_path: Path) -> None:
     log = Path(job.log)
     log.parent.mkdir(parents=True)
     log.write_text("earlier run\n")
     argv = ["bash", "-c", 'echo "out $MY_VAR"; pwd; echo err >&2; exit 3']
-    job.start(argv, cwd=str(tmp_path), env={"MY_VAR": "hello world"})
+    start(site, argv, cwd=str(tmp_path), env={"MY_VAR": "hello world"})
     state = exited(job)
     assert state.exit_code == 3
     assert log.read_text() == f"earlier run\nout hello world\n{tmp_path}\nerr\n"
@@ -68,13 +53,11 @@ def test_state_without_session(job: Job) -> None:
     assert not state.exists and not state.running and state.exit_code is None
 
 
-def test_running_job_is_refused_then_stopped(job: Job, tmp_path: Path) -> None:
-    job.start(["sleep", "60"], cwd=str(tmp_path), env={})
+def test_running_job_is_stopped_by_sigint(site: Site, job: Job, tmp_path: Path) -> None:
+    start(site, ["sleep", "60"], cwd=str(tmp_path), env={})
     state = wait_for(lambda: (s := job.state()).running and s)
     assert state.pid is not None
-    with pytest.raises(JobRunning):
-        job.start(["true"], cwd=str(tmp_path), env={})
-    final = job.stop()
+    final = site.stop().stopped
     assert final is not None and not final.running
     assert final.exit_code == 128 + 2  # SIGINT ended it
     assert not job.state().exists
@@ -82,26 +65,27 @@ def test_running_job_is_refused_then_stopped(job: Job, tmp_path: Path) -> None:
         os.kill(state.pid, 0)
 
 
-def test_stop_escalates_when_sigint_is_ignored(job: Job, tmp_path: Path) -> None:
+def test_stop_escalates_when_sigint_is_ignored(site: Site, job: Job, tmp_path: Path) -> None:
     marker = tmp_path / "trapped"
     script = f"trap 'touch {marker}' INT; while true; do sleep 0.1; done"
-    job.start(["bash", "-c", script], cwd=str(tmp_path), env={})
+    start(site, ["bash", "-c", script], cwd=str(tmp_path), env={})
     state = wait_for(lambda: (s := job.state()).running and s)
     time.sleep(0.3)  # let bash install its trap
-    final = job.stop(timeout=0.5)
+    job.stop_timeout = 0.5
+    final = site.stop().stopped
     assert marker.exists()  # SIGINT arrived and was ignored, then SIGTERM ended the group
     assert final is not None and final.exit_code == 128 + 15
     with pytest.raises(ProcessLookupError):
         os.kill(state.pid, 0)  # type: ignore[arg-type]
 
 
-def test_stop_without_session_is_none(job: Job) -> None:
-    assert job.stop() is None
+def test_stop_without_session_is_none(site: Site) -> None:
+    assert site.stop().stopped is None
 
 
-def test_tail_and_follow_return_exit_code(job: Job, tmp_path: Path) -> None:
+def test_tail_and_follow_return_exit_code(site: Site, job: Job, tmp_path: Path) -> None:
     script = "for i in 1 2 3 4 5; do echo line $i; sleep 0.1; done; exit 7"
-    job.start(["bash", "-c", script], cwd=str(tmp_path), env={})
+    start(site, ["bash", "-c", script], cwd=str(tmp_path), env={})
     seen: list[bytes] = []
     state = job.follow(seen.append, offset=0)
     assert state.exit_code == 7
@@ -111,11 +95,11 @@ def test_tail_and_follow_return_exit_code(job: Job, tmp_path: Path) -> None:
     assert size == Path(job.log).stat().st_size
 
 
-def test_follow_prints_each_line_as_it_comes(job: Job, tmp_path: Path) -> None:
+def test_follow_prints_each_line_as_it_comes(site: Site, job: Job, tmp_path: Path) -> None:
     """A line appears to the follower while the job is still running (not only at the end)."""
     gate = tmp_path / "gate"
     script = f"echo first; while [ ! -e {gate} ]; do sleep 0.05; done; echo second"
-    job.start(["bash", "-c", script], cwd=str(tmp_path), env={})
+    start(site, ["bash", "-c", script], cwd=str(tmp_path), env={})
     seen: list[bytes] = []
     result: list[JobState] = []
     thread = threading.Thread(target=lambda: result.append(job.follow(seen.append, offset=0)))
@@ -128,8 +112,8 @@ def test_follow_prints_each_line_as_it_comes(job: Job, tmp_path: Path) -> None:
     assert result[0].exit_code == 0
 
 
-def test_follow_resumes_from_offset(job: Job, tmp_path: Path) -> None:
-    job.start(["bash", "-c", "echo abc; echo def"], cwd=str(tmp_path), env={})
+def test_follow_resumes_from_offset(site: Site, job: Job, tmp_path: Path) -> None:
+    start(site, ["bash", "-c", "echo abc; echo def"], cwd=str(tmp_path), env={})
     exited(job)
     seen: list[bytes] = []
     job.follow(seen.append, offset=4)
@@ -153,9 +137,12 @@ def test_tail_without_log(job: Job) -> None:
         "'\"; touch CANARY; echo \"'",
     ],
 )
-def test_hostile_env_values_and_argv_pass_literally(job: Job, tmp_path: Path, value: str) -> None:
+def test_hostile_env_values_and_argv_pass_literally(
+    site: Site, job: Job, tmp_path: Path, value: str
+) -> None:
     value = value.replace("CANARY", str(tmp_path / "canary"))
-    job.start(
+    start(
+        site,
         ["bash", "-c", 'printf "%s|%s" "$V" "$1"', "arg0", value],
         cwd=str(tmp_path),
         env={"V": value},
@@ -165,10 +152,10 @@ def test_hostile_env_values_and_argv_pass_literally(job: Job, tmp_path: Path, va
     assert not (tmp_path / "canary").exists()
 
 
-def test_hostile_cwd_is_literal(job: Job, tmp_path: Path) -> None:
+def test_hostile_cwd_is_literal(site: Site, job: Job, tmp_path: Path) -> None:
     odd = tmp_path / "#(touch canary) $(x) ;"
     odd.mkdir()
-    job.start(["pwd"], cwd=str(odd), env={})
+    start(site, ["pwd"], cwd=str(odd), env={})
     assert exited(job).exit_code == 0
     assert Path(job.log).read_text() == f"{odd}\n"
     assert not (tmp_path / "canary").exists()
@@ -180,9 +167,9 @@ def test_hostile_session_names_are_refused(tmp_path: Path, name: str) -> None:
         Job(HostPlace(LocalTransport()), session=name, log=str(tmp_path / "log"), local=True)
 
 
-def test_hostile_env_key_is_refused(job: Job, tmp_path: Path) -> None:
+def test_hostile_env_key_is_refused(site: Site, job: Job, tmp_path: Path) -> None:
     with pytest.raises(UnsafeValue):
-        job.start(["true"], cwd=str(tmp_path), env={"A;touch x": "1"})
+        start(site, ["true"], cwd=str(tmp_path), env={"A;touch x": "1"})
     assert not job.state().exists
 
 

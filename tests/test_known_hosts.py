@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops import known_hosts
+from dflash_ops.connect import known_hosts
+from dflash_ops.connect.transport import SSHTransport
 from dflash_ops.errors import HostKeyChanged, HostKeyRevoked, HostKeyUnknown
-from dflash_ops.transport import SSHTransport
 from tests.fixtures.ssh import SSHServer
 
 KINDS = {"ok": None, "unknown": HostKeyUnknown, "changed": HostKeyChanged}

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops.config import load_config
 from dflash_ops.errors import ConfigError
-from dflash_ops.launch import TRAIN_CONFIG, LaunchPlan, render, trainer_argv
-from dflash_ops.release import new_release_id
+from dflash_ops.remote.launch import TRAIN_CONFIG, LaunchPlan, render, trainer_argv
+from dflash_ops.remote.release import new_release_id
+from dflash_ops.settings.deploy_config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

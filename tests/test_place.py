@@ -11,6 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dflash_ops.connect.place import ContainerPlace, HostPlace, Place
+from dflash_ops.connect.transport import LocalTransport, SSHTransport
 from dflash_ops.errors import (
     ContainerNotFound,
     ContainerStopped,
@@ -18,8 +20,6 @@ from dflash_ops.errors import (
     RemoteCommandFailed,
     UnsafeValue,
 )
-from dflash_ops.place import ContainerPlace, HostPlace, Place
-from dflash_ops.transport import LocalTransport, SSHTransport
 from tests.fixtures.proxmox import Proxmox
 from tests.fixtures.ssh import SSHHome
 

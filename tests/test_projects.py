@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops.job import socket_for
+from dflash_ops.remote.job import socket_for
 from tests.cli_helpers import dflash, kill_tmux_server
 
 JOB = '[job]\ncommand = "echo started; exec sleep 600"\nstop_timeout = 3\n[train]\ndemo = true\n'

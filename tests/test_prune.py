@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops.checkpoints import _REMOVE_ARCHIVED, Checkpoints
-from dflash_ops.place import HostPlace
-from dflash_ops.transport import LocalTransport, SSHTransport
+from dflash_ops.connect.place import HostPlace
+from dflash_ops.connect.transport import LocalTransport, SSHTransport
+from dflash_ops.remote.checkpoints import Checkpoints
+from dflash_ops.remote.client import prune_runs, site_argv
 
 
 @pytest.fixture(params=["local", "ssh"])
@@ -30,12 +31,12 @@ def test_prune_keeps_newest_and_never_touches_live(place: HostPlace, tmp_path: P
     ckpt = tmp_path / "ckpt"
     make_archive(ckpt, ["20260101T000000.000Z", "20260102T000000.000Z", "20260103T000000.000Z"])
     (ckpt / "step-9").mkdir()
-    report = Checkpoints(place, str(ckpt)).prune(keep=1)
+    report = prune_runs(Checkpoints(place, str(ckpt)), keep=1)
     assert report.deleted == ["20260101T000000.000Z", "20260102T000000.000Z"]
     assert report.kept == ["20260103T000000.000Z"] and not report.refused
     assert sorted(p.name for p in (ckpt / "archive").iterdir()) == ["20260103T000000.000Z"]
     assert (ckpt / "step-9").is_dir()
-    assert Checkpoints(place, str(ckpt)).prune(keep=0).deleted == ["20260103T000000.000Z"]
+    assert prune_runs(Checkpoints(place, str(ckpt)), keep=0).deleted == ["20260103T000000.000Z"]
     assert (ckpt / "step-9").is_dir()
 
 
@@ -52,7 +53,7 @@ def test_symlinks_are_never_followed_and_the_canary_survives(
     (ckpt / "archive" / "02-dotdot").symlink_to("..")  # the checkpoints folder itself
     (ckpt / "archive" / "03-dangling").symlink_to(tmp_path / "nothing")
     (ckpt / "archive" / "19990101T000000.000Z").symlink_to(outside / "run")  # named as a run
-    report = Checkpoints(place, str(ckpt)).prune(keep=0)
+    report = prune_runs(Checkpoints(place, str(ckpt)), keep=0)
     assert report.deleted == ["20260101T000000.000Z"] and not report.refused
     assert len(report.skipped) == 5 and all("a symbolic link" in m for m in report.skipped)
     assert canary.read_text() == "alive" and Path("/usr").is_dir()
@@ -105,7 +106,7 @@ def test_prune_never_loses_a_run_it_must_keep(
         else:
             path.write_text("x")
     before = runs_of(ckpt)
-    report = Checkpoints(place, str(ckpt)).prune(keep=keep)
+    report = prune_runs(Checkpoints(place, str(ckpt)), keep=keep)
     newest = runs[len(runs) - keep :] if keep else []
     assert report.kept == newest and report.deleted == runs[: len(runs) - keep]
     assert not report.refused and len(report.skipped) == len(PRUNE_TREES[tree])
@@ -127,7 +128,7 @@ def test_the_place_side_proof_refuses_what_is_not_a_run(place: HostPlace, tmp_pa
     (ckpt / "archive" / "demo-assets").mkdir()
     for entry, why in ((link, "symbolic link"), (ckpt / "archive" / "demo-assets", "not a run")):
         result = place.run(
-            ["bash", "-c", _REMOVE_ARCHIVED, "dflash-prune", str(ckpt), str(entry)], check=False
+            site_argv("prune-run", [("checkpoints", str(ckpt)), ("run", str(entry))]), check=False
         )
         assert result.exit_code == 3 and why in result.stderr_text, result.stderr_text
     assert (ckpt / "archive" / "20260101T000000.000Z" / "step-1" / "model.pt").exists()
@@ -139,7 +140,7 @@ def test_archive_folder_that_is_a_symlink_out_is_refused(place: HostPlace, tmp_p
     make_archive(elsewhere, ["20260101T000000.000Z"])
     ckpt.mkdir()
     (ckpt / "archive").symlink_to(elsewhere / "archive")
-    report = Checkpoints(place, str(ckpt)).prune(keep=0)
+    report = prune_runs(Checkpoints(place, str(ckpt)), keep=0)
     assert report.deleted == [] and "archive folder resolves" in report.refused[0]
     assert (elsewhere / "archive" / "20260101T000000.000Z" / "step-1" / "model.pt").exists()
 
@@ -152,7 +153,7 @@ def test_checkpoints_folder_resolving_to_root_is_refused(place: HostPlace, tmp_p
     victim.mkdir()
     for candidate in (str(victim), "", "/", f"{link}/archive/.."):
         result = place.run(
-            ["bash", "-c", _REMOVE_ARCHIVED, "dflash-prune", str(link), candidate], check=False
+            site_argv("prune-run", [("checkpoints", str(link)), ("run", candidate)]), check=False
         )
         assert result.exit_code == 3 and "refusing to delete" in result.stderr_text
     assert victim.is_dir() and Path("/usr").is_dir()

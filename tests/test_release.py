@@ -1,4 +1,5 @@
-"""Bundles, the generated launch script, and releases on the local place (real tar, real bash)."""
+"""Bundles, the generated launch script, and releases on the local place (real tar, real bash;
+releases pushed, switched and pruned by the site program's deploy)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,9 @@ from pathlib import Path
 import pytest
 
 from dflash_ops.errors import ReleaseError
-from dflash_ops.launch import LaunchPlan, render
-from dflash_ops.place import HostPlace
-from dflash_ops.release import RELEASE_ID, Releases, build_bundle, new_release_id
-from dflash_ops.transport import LocalTransport
+from dflash_ops.remote.launch import LaunchPlan, render
+from dflash_ops.remote.release import RELEASE_ID, build_bundle, new_release_id
+from tests.site_helpers import Site, site_fixture, tmux_socket_fixture  # noqa: F401
 
 TRAIN = {"steps": 3, "model": {"layers": 2, "name": "tiny"}, "lr": 1e-3, "tags": ["a", "b"]}
 
@@ -155,22 +155,19 @@ def test_launch_runs_the_users_command_with_bash(tmp_path: Path) -> None:
     assert out == f"in {launch_plan.release_id}\n/ck\n"
 
 
-@pytest.fixture
-def releases(tmp_path: Path) -> Releases:
-    return Releases(HostPlace(LocalTransport()), str(tmp_path / "root"))
-
-
-def push(releases: Releases, project: Path) -> str:
+def push(site: Site, project: Path) -> str:
+    """One deploy of a fresh bundle through the site program; its job runs `true`."""
     bundle = build_bundle(project, plan=plan(), train=TRAIN, target="local")
-    releases.deploy(bundle)
+    site.deploy(bundle)
     return bundle.release_id
 
 
-def test_push_switch_and_keep_five(releases: Releases, project: Path, tmp_path: Path) -> None:
+def test_push_switch_and_keep_five(site: Site, project: Path, tmp_path: Path) -> None:
+    releases = site.releases
     assert releases.current() is None
     with pytest.raises(ReleaseError, match="Nothing is deployed"):
         releases.require_current()
-    ids = [push(releases, project) for _ in range(7)]
+    ids = [push(site, project) for _ in range(7)]
     assert releases.list() == sorted(ids)[-5:]
     assert releases.current() == ids[-1]
     current = tmp_path / "root" / "current"
@@ -179,49 +176,43 @@ def test_push_switch_and_keep_five(releases: Releases, project: Path, tmp_path: 
     assert tomllib.loads((current / "train.toml").read_text()) == TRAIN
 
 
-def test_interrupted_push_keeps_current_and_is_cleaned(
-    releases: Releases, project: Path, tmp_path: Path
+def test_a_failed_unpack_or_switch_keeps_current_and_names_the_step(
+    site: Site, project: Path, tmp_path: Path
 ) -> None:
-    good = push(releases, project)
-    broken = build_bundle(project, plan=plan(), train=TRAIN, target="local")
-    truncated = type(broken)(release_id=broken.release_id, data=broken.data[:700], meta={})
-    with pytest.raises(ReleaseError, match="Could not unpack"):
-        releases.push(truncated)  # the stream ended early: tar fails
-    assert releases.current() == good
-    assert (tmp_path / "root" / "releases" / f"{broken.release_id}.tmp").exists()
-    newer = push(releases, project)
-    assert releases.current() == newer
-    assert not list((tmp_path / "root" / "releases").glob("*.tmp"))
-
-
-def test_deploy_in_one_command_names_the_step_that_failed(
-    releases: Releases, project: Path, tmp_path: Path
-) -> None:
-    """`deploy` unpacks and switches in one command; its error still says which step failed."""
-    good = push(releases, project)
+    """The deploy unpacks and switches in one command; its error still says which step failed,
+    `current` stays, and the next deploy removes the interrupted unpack."""
+    releases = site.releases
+    good = push(site, project)
     broken = build_bundle(project, plan=plan(), train=TRAIN, target="local")
     truncated = type(broken)(release_id=broken.release_id, data=broken.data[:700], meta={})
     with pytest.raises(ReleaseError, match="Could not unpack") as unpack:
-        releases.deploy(truncated)
+        site.deploy(truncated)  # the stream ended early: tar fails
     assert "current release is unchanged" in unpack.value.hint
     assert releases.current() == good
+    assert (tmp_path / "root" / "releases" / f"{broken.release_id}.tmp").exists()
+    newer = push(site, project)
+    assert releases.current() == newer
+    assert not list((tmp_path / "root" / "releases").glob("*.tmp"))
 
     current = tmp_path / "root" / "current"
     current.unlink()
     current.mkdir()  # a folder where the link belongs: `mv -T` cannot replace it
     fresh = build_bundle(project, plan=plan(), train=TRAIN, target="local")
     with pytest.raises(ReleaseError, match=f"Could not switch .* to release {fresh.release_id}"):
-        releases.deploy(fresh)
+        site.deploy(fresh)
     assert current.is_dir() and not current.is_symlink()
     assert (tmp_path / "root" / "releases" / fresh.release_id / ".complete").exists()
 
 
-def test_prune_never_removes_current(releases: Releases, project: Path) -> None:
-    ids = [push(releases, project) for _ in range(3)]
-    releases.switch(ids[0])
-    removed = releases.prune(releases.list(), keep=1)
-    assert removed == [ids[1]]  # the newest one stays, and so does the current one
-    assert releases.list() == [ids[0], ids[2]]
+def test_prune_keeps_current_and_the_rollback_target(
+    site: Site, project: Path, tmp_path: Path
+) -> None:
+    keep_one = site.with_(keep=1)
+    ids = [push(keep_one, project) for _ in range(3)]
+    assert site.releases.list() == ids[1:]  # the newest one stays, and so does the one before
+    (tmp_path / "root" / "releases" / "not-a-release").mkdir()  # never an id: never pruned
+    push(keep_one, project)
+    assert (tmp_path / "root" / "releases" / "not-a-release").is_dir()
 
 
 @pytest.mark.gpu

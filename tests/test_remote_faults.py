@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops.lock import LOCK_NAME
+from dflash_ops.remote.lock import LOCK_NAME
 from tests.cli_helpers import REPO, Where, kill_tmux_server, remote_where
 
 CT = 246
@@ -208,7 +208,7 @@ def test_held_open_stdin_ends_only_with_the_command(
 ) -> None:
     """`HeldOpen(data)`: the command reads the data, then no end of input while it runs (a
     `read` times out instead of meeting EOF); plain bytes end with EOF as before."""
-    from dflash_ops.transport import HeldOpen, LocalTransport, SSHTransport
+    from dflash_ops.connect.transport import HeldOpen, LocalTransport, SSHTransport
 
     if kind == "ssh":
         request.getfixturevalue("ssh_home")

@@ -15,17 +15,10 @@ from pathlib import Path
 import pytest
 
 from dflash_ops.errors import ReleaseError
-from dflash_ops.place import HostPlace
-from dflash_ops.release import COMPLETE, Releases, build_bundle
-from dflash_ops.transport import LocalTransport
+from dflash_ops.remote.release import COMPLETE
 from tests.cli_helpers import REPO, Where, kill_tmux_server
-from tests.test_release import TRAIN, plan
-
-
-def push(releases: Releases, project: Path) -> str:
-    bundle = build_bundle(project, plan=plan(), train=TRAIN, target="local")
-    releases.deploy(bundle)
-    return bundle.release_id
+from tests.site_helpers import Site, site_fixture, tmux_socket_fixture  # noqa: F401
+from tests.test_release import plan, push
 
 
 @pytest.fixture
@@ -36,30 +29,36 @@ def project(tmp_path: Path) -> Path:
     return folder
 
 
-def test_only_marked_releases_count(tmp_path: Path, project: Path) -> None:
-    releases = Releases(HostPlace(LocalTransport()), str(tmp_path / "root"))
-    good = push(releases, project)
+def test_only_marked_releases_count(site: Site, tmp_path: Path, project: Path) -> None:
+    releases = site.releases
+    good = push(site, project)
     assert (tmp_path / "root" / "releases" / good / COMPLETE).is_file()
     unmarked = plan().release_id  # unpacked by hand, never marked complete
     (tmp_path / "root" / "releases" / unmarked).mkdir()
     assert releases.list() == [good]
     with pytest.raises(ReleaseError, match="not complete"):
-        releases.switch(unmarked)
+        site.rollback(unmarked)
     assert releases.current() == good
 
 
-def test_keep_five_spares_current_and_rollback_target(tmp_path: Path, project: Path) -> None:
-    releases = Releases(HostPlace(LocalTransport()), str(tmp_path / "root"))
-    ids = [push(releases, project) for _ in range(3)]
-    releases.switch(ids[0])  # rolled back to the oldest
-    later = [push(releases, project) for _ in range(6)]
+def test_keep_five_spares_current_and_rollback_target(site: Site, project: Path) -> None:
+    releases = site.releases
+    ids = [push(site, project) for _ in range(3)]
+    site.rollback(ids[0], expect=ids[2])  # rolled back to the oldest
+    assert releases.current() == ids[0]
+    later = [push(site, project) for _ in range(6)]
     # current is the newest; `rollback` goes to the one deployed before it
     assert releases.list() == sorted(later)[-5:]
     assert releases.rollback_target() == later[-2]
-    # rolled back to an old release, a prune keeps it and the one before it
-    releases.switch(later[2])
-    assert releases.prune(releases.list(), keep=1) == [later[3], later[4]]
-    assert releases.list() == [later[1], later[2], later[5]]
+
+
+def test_rollback_refuses_when_current_moved_meanwhile(site: Site, project: Path) -> None:
+    """Rollback chose its target from `current` as it was read; a deploy since then wins."""
+    ids = [push(site, project) for _ in range(3)]
+    with pytest.raises(ReleaseError, match="current is no longer"):
+        site.rollback(ids[0], expect=ids[1])
+    assert site.releases.current() == ids[2]
+    assert not Path(site.plan.lock.path).is_symlink()
 
 
 @pytest.fixture

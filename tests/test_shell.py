@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dflash_ops import shell
+from dflash_ops.connect import shell
 from dflash_ops.errors import UnsafeValue
 
 CANARY = "dflash-canary"

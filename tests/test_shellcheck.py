@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops import deploy_script, job
+from dflash_ops.remote import client, job
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKER = ROOT / "scripts" / "shellcheck-remote.py"
@@ -33,9 +33,9 @@ def _checker():
 
 def test_the_programs_checked_are_the_ones_sent() -> None:
     texts = {p.text for p in _checker().programs()}
-    assert deploy_script.SCRIPT in texts  # the deploy's one remote command, as assembled
+    assert client.SITE in texts  # the site program, as the client sends it
     assert job.WRAPPER in texts  # what tmux runs for the job
-    assert job.FUNCTIONS + 'dflash_job_stop "$@"\n' in texts
+    assert ROOT / "dflash_ops" / "remote" / "site.sh" in _checker().shell_files()
 
 
 @needs_shellcheck

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from dflash_ops import ssh_config_parser, ssh_tokens
-from dflash_ops.ssh_config import lookup
+from dflash_ops.connect import ssh_config_parser, ssh_tokens
+from dflash_ops.connect.ssh_config import lookup
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the ssh client")
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops.ssh_config import resolve
-from dflash_ops.ssh_tokens import local_user
-from dflash_ops.transport import SSHTransport
+from dflash_ops.connect.ssh_config import resolve
+from dflash_ops.connect.ssh_tokens import local_user
+from dflash_ops.connect.transport import SSHTransport
 from tests.fixtures.ssh import SSHHome, SSHServer
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from dflash_ops.connect.transport import SSHTransport
 from dflash_ops.errors import AuthenticationFailed, ConnectionDropped, NotAnSSHServer
-from dflash_ops.transport import SSHTransport
 from tests.cli_helpers import dflash
 from tests.fixtures.ssh import SSHHome, SSHServer
 

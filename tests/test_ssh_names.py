@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from dflash_ops.connect.ssh_config import resolve
 from dflash_ops.errors import InvalidHostName
-from dflash_ops.ssh_config import resolve
 from tests.cli_helpers import dflash
 
 

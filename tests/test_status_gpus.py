@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch.distributed import HashStore
 
-from dflash_ops import gpus
+from dflash_ops.commands import gpus
 from tests.cli_helpers import Where, kill_tmux_server
 from trainer.distributed import Roles
 from trainer.metrics import GIB, METRICS, RankStats, RoleMetrics, append_row

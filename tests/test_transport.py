@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from dflash_ops.connect.ssh_config import resolve
+from dflash_ops.connect.transport import LocalTransport, SSHTransport, Transport
 from dflash_ops.errors import (
     AuthenticationFailed,
     CommandTimedOut,
@@ -19,8 +21,6 @@ from dflash_ops.errors import (
     HostKeyUnknown,
     UnsafeValue,
 )
-from dflash_ops.ssh_config import resolve
-from dflash_ops.transport import LocalTransport, SSHTransport, Transport
 from tests.fixtures.ssh import SSHHome, SSHServer, free_port
 
 BIG = 3 * 1024 * 1024  # bigger than any pipe buffer or SSH channel window

@@ -16,6 +16,7 @@ from dflash_ops.cli.options import (
     TargetChoice,
     with_target,
 )
+from dflash_ops.remote import client
 
 app = typer.Typer()
 group = typer.Typer(name="checkpoints", invoke_without_command=True, no_args_is_help=False)
@@ -86,7 +87,7 @@ def prune(
       dflash checkpoints prune --keep 3
     """
     with workspace(ctx, where) as ws:
-        report = ws.checkpoints().prune(keep=keep)
+        report = client.prune_runs(ws.checkpoints(), keep=keep)
     for stamp in report.deleted:
         output.info(f"Deleted archived run {stamp}")
     for message in [*report.skipped, *report.refused]:

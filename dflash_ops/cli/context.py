@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from dflash_ops.cli.options import TargetChoice
-from dflash_ops.workspace import Workspace
+from dflash_ops.commands.workspace import Workspace
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,7 +22,7 @@ class Globals:
 def command(ctx: typer.Context, *args: str) -> str:
     """`dflash ARGS…` as the user should type it next: with `--config FILE` when this command
     was given one (a hint without it would act on another deploy.toml)."""
-    from dflash_ops.shell import quote_argv
+    from dflash_ops.connect.shell import quote_argv
 
     root = ctx.find_object(Globals) or Globals()
     config = ["--config", str(root.config)] if root.config is not None else []

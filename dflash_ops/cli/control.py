@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from dflash_ops import operations
 from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import (
@@ -14,6 +13,7 @@ from dflash_ops.cli.options import (
     TargetChoice,
     with_target,
 )
+from dflash_ops.commands import operations
 
 app = typer.Typer()
 

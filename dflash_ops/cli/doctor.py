@@ -8,14 +8,14 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from dflash_ops import doctor
 from dflash_ops.cli import output
 from dflash_ops.cli.context import command, workspace
 from dflash_ops.cli.options import (
     TargetChoice,
     with_target,
 )
-from dflash_ops.workspace import open_place
+from dflash_ops.commands import doctor
+from dflash_ops.commands.workspace import open_place
 
 app = typer.Typer()
 

@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from dflash_ops import evaluation
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.foreground import drain
 from dflash_ops.cli.options import (
@@ -15,6 +14,7 @@ from dflash_ops.cli.options import (
     TargetChoice,
     with_target,
 )
+from dflash_ops.commands import eval as evaluation
 
 app = typer.Typer()
 

@@ -9,10 +9,10 @@ from typing import Annotated
 import typer
 from rich.progress import DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from dflash_ops import export as exporting
 from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import CheckpointOption, TargetChoice, with_target
+from dflash_ops.commands import export as exporting
 
 app = typer.Typer()
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import typer
 
 from dflash_ops.cli import output
+from dflash_ops.connect.transport import StreamResult
 from dflash_ops.errors import DflashError
-from dflash_ops.transport import StreamResult
 
 
 def drain(

@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 
-from dflash_ops import generation
 from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import ForceOption, TargetChoice, with_target
+from dflash_ops.commands import generate as generation
 
 app = typer.Typer()
 

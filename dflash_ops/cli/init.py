@@ -7,13 +7,13 @@ from typing import Annotated
 
 import typer
 
-from dflash_ops import init as init_lib
 from dflash_ops.cli import output
 from dflash_ops.cli.context import Globals, command
 from dflash_ops.cli.options import AcceptKeyOption, CtOption, HostOption, PortOption, UserOption
-from dflash_ops.config import DEFAULT_CONFIG_NAME, Target
+from dflash_ops.commands import init as init_lib
+from dflash_ops.commands.workspace import open_place
 from dflash_ops.errors import ConfigError, DflashError
-from dflash_ops.workspace import open_place
+from dflash_ops.settings.deploy_config import DEFAULT_CONFIG_NAME, Target
 from trainer.split_rule import default_target_gpus
 
 app = typer.Typer()

@@ -12,8 +12,8 @@ from dflash_ops.cli.options import (
     TargetChoice,
     with_target,
 )
+from dflash_ops.commands.workspace import Workspace
 from dflash_ops.errors import JobNotFound
-from dflash_ops.workspace import Workspace
 
 app = typer.Typer()
 

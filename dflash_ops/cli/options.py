@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from dflash_ops.config import TargetFlags
+from dflash_ops.settings.deploy_config import TargetFlags
 
 _TARGET = "Target (default: the last deployed from this folder, else [target])"
 

@@ -6,13 +6,13 @@ from typing import Annotated
 
 import typer
 
-from dflash_ops import planning
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.foreground import drain
 from dflash_ops.cli.options import (
     TargetChoice,
     with_target,
 )
+from dflash_ops.commands import plan as planning
 
 app = typer.Typer()
 

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from dflash_ops import operations
 from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import (
@@ -16,6 +15,7 @@ from dflash_ops.cli.options import (
     TargetChoice,
     with_target,
 )
+from dflash_ops.commands import operations
 
 app = typer.Typer()
 

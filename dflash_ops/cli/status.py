@@ -11,13 +11,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from dflash_ops import operations
 from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import (
     TargetChoice,
     with_target,
 )
+from dflash_ops.commands import operations
 
 app = typer.Typer()
 

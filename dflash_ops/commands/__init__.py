@@ -1,0 +1,1 @@
+"""What each dflash command does, on a workspace; the CLI only parses and prints."""

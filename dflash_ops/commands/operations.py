@@ -1,0 +1,248 @@
+"""What each command does, in order, on a `Workspace`. The CLI only parses and prints.
+
+deploy:  build the bundle; then, at the place in ONE command (`remote/site.sh deploy`): check tmux and
+         python → take the lock → push it (one tar stream) → switch `current` → keep the last 5
+         → stop the running job → archive the checkpoints (unless resuming) → start the job →
+         release the lock; remember the target in `.dflash/state.json`.
+restart: stop → archive (with `--clean`) → start the job of the current release (one command).
+rollback: switch `current` to an earlier complete release → stop → start (resuming; one command).
+stop:    SIGINT, SIGTERM, SIGKILL to the job's process group, then end the session (one command).
+
+deploy, restart, rollback and stop hold the target's deploy lock (`remote/lock.py`) while they act, so
+two of them never interleave; `force` takes over a lock whose holder is gone.
+status:  the session's state, the release, the last log lines and the trainer's last metrics;
+         the place's GPUs from `nvidia-smi` with the role and memory of the ranks on each, and
+         per-role rates of a split run (`gpus.py`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dflash_ops.commands import doctor, gpus
+from dflash_ops.commands.checks import Setup
+from dflash_ops.commands.workspace import Workspace
+from dflash_ops.remote import client
+from dflash_ops.remote.job import JobState
+from dflash_ops.remote.launch import LaunchPlan
+from dflash_ops.remote.release import build_bundle, new_release_id
+from dflash_ops.settings import state
+
+log = logging.getLogger(__name__)
+Say = Callable[[str], None]
+FORCE_RESUME_ENV = "DFLASH_FORCE_RESUME"  # read by trainer.train
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeployReport:
+    release: str
+    removed: list[str]
+    stopped: JobState | None
+    archived: str | None
+    started: JobState
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestartReport:
+    release: str
+    stopped: JobState | None
+    archived: str | None
+    started: JobState
+
+
+def launch_argv(ws: Workspace) -> list[str]:
+    """What the job's tmux session runs: the current release's `launch.sh`."""
+    return ["bash", f"{ws.target.root}/current/launch.sh"]
+
+
+def remote_plan(
+    ws: Workspace, *, warn: Say, env: dict[str, str] | None = None
+) -> client.DeployPlan:
+    """The target's parts as the site program needs them. Opens the place without the
+    container check: the program's command is that check (see `Workspace.open`). `env`: added
+    to `[job] env` for this start only."""
+    ws.open(check=False)
+    return client.DeployPlan(
+        preflight=doctor.deploy_preflight(Setup.of(ws), ws.place.description),
+        releases=ws.releases(),
+        job=ws.job(),
+        lock=ws.lock(warn=warn),
+        checkpoints=ws.checkpoints(),
+        launch=launch_argv(ws),
+        cwd=f"{ws.target.root}/current",
+        env={**ws.config.job.env, **(env or {})},
+    )
+
+
+def deploy(
+    ws: Workspace,
+    *,
+    resume: bool = False,
+    force_resume: bool = False,
+    force: bool = False,
+    say: Say = _quiet,
+    warn: Say | None = None,
+    tool: tuple[str, ...] = (),
+) -> DeployReport:
+    """Build the bundle here, then do everything at the place in ONE command
+    (`remote/site.sh deploy`): preflight (tmux, python), lock, unpack, switch, prune, stop, archive,
+    start, unlock. A held lock costs `DeployLock.acquire`'s commands and one more run.
+    `tool` makes the job run another trainer module than `trainer.train` (`dflash generate`).
+    `force_resume`: this start of the trainer resumes even from a checkpoint written with other
+    model/data settings (`DFLASH_FORCE_RESUME=1` in its env; later restarts do not)."""
+    extra = {FORCE_RESUME_ENV: "1"} if force_resume else None
+    remote = remote_plan(ws, warn=warn or say, env=extra)
+    plan = LaunchPlan.for_job(
+        ws.config.job,
+        release_id=new_release_id(),
+        python=ws.target.python,
+        checkpoints=ws.target.checkpoints,
+        tool=tool,
+    )
+    bundle = build_bundle(
+        ws.config.project_dir, plan=plan, train=ws.config.train, target=ws.target.describe()
+    )
+    say(f"Release {bundle.release_id} ({len(bundle.data) / 1024:.0f} KiB) → {ws.target.describe()}")
+    steps = client.Steps(doing="deploy", bundle=bundle, archive=not resume, preflight=True)
+    done = client.run(remote, steps, force=force)
+    assert done.started is not None
+    if done.stopped is not None:
+        say(f"Stopped the previous job (exit {done.stopped.exit_code}).")
+    if done.archived:
+        say(f"Archived the previous checkpoints into {done.archived}.")
+    state.save(
+        ws.config.project_dir,
+        state.DeployRecord(
+            flags=ws.flags,
+            target=ws.target.describe(),
+            release=bundle.release_id,
+            deployed_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        ),
+    )
+    return DeployReport(
+        release=bundle.release_id,
+        removed=done.removed,
+        stopped=done.stopped,
+        archived=done.archived,
+        started=done.started,
+    )
+
+
+def restart(
+    ws: Workspace, *, clean: bool = False, force: bool = False, say: Say = _quiet
+) -> RestartReport:
+    """stop → archive (with `clean`) → start on `current`: one command at the place."""
+    steps = client.Steps(doing="restart", archive=clean)
+    done = client.run(remote_plan(ws, warn=say), steps, force=force)
+    assert done.release is not None and done.started is not None
+    return RestartReport(
+        release=done.release, stopped=done.stopped, archived=done.archived, started=done.started
+    )
+
+
+def rollback(
+    ws: Workspace, *, to: str | None = None, force: bool = False, say: Say = _quiet
+) -> RestartReport:
+    """Point `current` at an earlier complete release and restart the job on it (resuming:
+    the checkpoints stay where they are). The target is chosen from `current` as read now;
+    the one command takes the lock, checks that `current` has not moved since, and does
+    switch → stop → start."""
+    remote = remote_plan(ws, warn=say)
+    current = remote.releases.current()
+    target = remote.releases.rollback_target(to)
+    steps = client.Steps(doing="rollback", switch_to=target)
+    done = client.run(remote, steps, force=force, expect=current or "")
+    assert done.started is not None
+    return RestartReport(release=target, stopped=done.stopped, archived=None, started=done.started)
+
+
+def stop(
+    ws: Workspace, *, force: bool = False, save: bool = True, say: Say = _quiet
+) -> JobState | None:
+    """SIGINT → SIGTERM → SIGKILL, end the session: one command at the place, under the lock.
+    `save=False`: SIGTERM right after SIGINT, so the trainer ends without its stop checkpoint."""
+    steps = client.Steps(doing="stop", save=save)
+    return client.run(remote_plan(ws, warn=say), steps, force=force).stopped
+
+
+def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:
+    """Everything `dflash status` shows, as one JSON-ready object."""
+    job = ws.job()
+    current = job.state()
+    body, size = job.tail(lines)
+    started = (
+        dt.datetime.fromtimestamp(current.started_at, dt.UTC).isoformat(timespec="seconds")
+        if current.started_at is not None
+        else None
+    )
+    metrics = last_metrics(ws)
+    return {
+        "target": ws.target.name,
+        "place": ws.target.describe(),
+        "session": current.session,
+        "socket": job.socket,
+        "deployed_here": ws.deployed_here,
+        "exists": current.exists,
+        "running": current.running,
+        "exit_code": current.exit_code,
+        "started_at": started,
+        "release": ws.releases().current(),
+        "job_release": job_release(ws, current),
+        "log": ws.log_path,
+        "log_bytes": max(size, 0),
+        "last_lines": body.decode("utf-8", "replace").splitlines(),
+        "metrics": metrics,
+        "split": gpus.split_summary(metrics),
+        **gpu_status(ws, metrics),
+    }
+
+
+# The DFLASH_RELEASE that `launch.sh` exported into the job's process ($1, the pane's).
+_JOB_RELEASE = 'tr "\\0" "\\n" < "/proc/$1/environ" | sed -n "s/^DFLASH_RELEASE=//p"'
+
+
+def job_release(ws: Workspace, current: JobState) -> str | None:
+    """The release the running job was started from (None when not running or not known):
+    it differs from `current` after a switch whose restart did not happen (a dropped deploy,
+    a manual change)."""
+    if not current.running or current.pid is None:
+        return None
+    found = ws.place.run(
+        ["bash", "-c", _JOB_RELEASE, "dflash-release", str(current.pid)], check=False
+    )
+    release = found.stdout_text.strip().splitlines()
+    return release[0] if found.exit_code == 0 and release else None
+
+
+def gpu_status(ws: Workspace, metrics: dict[str, Any] | None) -> dict[str, Any]:
+    """`gpus`: one row per GPU at the place (None without nvidia-smi), `gpu_note`: why not."""
+    env = ws.config.job.env
+    readings, note = gpus.read(ws.place, env)
+    if readings is None:
+        return {"gpus": None, "gpu_note": note}
+    host = None
+    if len(gpus.hosts_of(metrics)) > 1:  # several nodes: only the ranks of this one are here
+        found = ws.place.run(["uname", "-n"], check=False)
+        host = found.stdout_text.strip() or None
+    return {"gpus": gpus.table(readings, metrics, env=env, host=host), "gpu_note": None}
+
+
+def last_metrics(ws: Workspace) -> dict[str, Any] | None:
+    """The last line of `<checkpoints>/metrics.jsonl` (step, loss, tokens_per_s, time, …)."""
+    result = ws.place.run(["tail", "-n", "1", "--", ws.metrics_path], check=False)
+    if result.exit_code != 0 or not result.stdout.strip():
+        return None
+    try:
+        data = json.loads(result.stdout.decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None

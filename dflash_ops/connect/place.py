@@ -1,0 +1,172 @@
+"""Where commands run: a host itself, or one LXC container on a Proxmox VE host.
+
+`HostPlace(transport)` runs argv as given. `ContainerPlace(transport, ct)` runs
+`pct exec <ct> --keep-env 0 -- argv…` on the host: argv goes after `--`, so pct reads none of it
+as its own options, and no shell inside the container ever sees it (pct exec has none).
+`--keep-env 0` matters: pct's default still copies the host's environment into the container.
+With it, the command starts with only PATH (the standard one) and `container=lxc`; HOME is
+not set, so the job layer sets the environment it needs itself.
+
+pct reports a missing or stopped container on stderr before it runs anything; a failed command
+whose last stderr line is one of those messages raises `ContainerNotFound`/`ContainerStopped`
+(whatever `check` says: that exit status is pct's, not the command's). A host without pct
+raises `PctMissing`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from typing import Protocol, runtime_checkable
+
+from dflash_ops.connect import shell
+from dflash_ops.connect.transport import Result, Stdin, StreamResult, Transport
+from dflash_ops.errors import (
+    ContainerNotFound,
+    ContainerStopped,
+    PctMissing,
+    RemoteCommandFailed,
+)
+
+# pve-container's own messages (PVE::LXC::Config->load_config and `pct exec`).
+_NOT_FOUND = re.compile(r"Configuration file 'nodes/[^/]+/lxc/(\d+)\.conf' does not exist")
+_NOT_RUNNING = re.compile(r"container '(\d+)' not running!")
+# bash: "bash: line 1: pct: command not found"; dash: "sh: 1: pct: not found"; local: "pct: …".
+_PCT_MISSING = re.compile(r"(^|[\s:])pct: (command )?not found$")
+
+
+@runtime_checkable
+class Place(Protocol):
+    description: str
+    transport: Transport
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        check: bool = True,
+    ) -> Result: ...
+
+    def stream(self, argv: Sequence[str]) -> StreamResult: ...
+
+    def ensure_ready(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def raise_for_result(result: Result, place: str) -> Result:
+    """Return `result` if it succeeded, else raise `RemoteCommandFailed` describing it."""
+    if result.exit_code != 0:
+        raise RemoteCommandFailed(place, result.argv, result.exit_code, result.stderr_text)
+    return result
+
+
+class HostPlace:
+    """Commands run directly at the transport's end (this machine or an SSH host)."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.description = transport.description
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        check: bool = True,
+    ) -> Result:
+        result = self.transport.run(argv, stdin=stdin, timeout=timeout)
+        return raise_for_result(result, self.description) if check else result
+
+    def stream(self, argv: Sequence[str]) -> StreamResult:
+        return self.transport.stream(argv)
+
+    def ensure_ready(self) -> None:
+        """Open the connection now (host key, authentication); no command runs for it."""
+        self.transport.connect()
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+class ContainerPlace:
+    """Commands run inside LXC container `ct` through `pct exec` on the transport's host."""
+
+    def __init__(self, transport: Transport, ct: int | str) -> None:
+        self.transport = transport
+        self.ct = shell.container_id(ct)
+        self.description = f"ct {self.ct} on {transport.description}"
+
+    def pct_argv(self, argv: Sequence[str]) -> list[str]:
+        """`pct exec <ct> --keep-env 0 -- argv…`"""
+        return ["pct", "exec", str(self.ct), "--keep-env", "0", "--", *argv]
+
+    def _stopped(self) -> ContainerStopped:
+        """One message whether `pct status` or a refused `pct exec` told us."""
+        return ContainerStopped(
+            f"Container {self.ct} on {self.transport.description} is stopped (not running)",
+            hint=f"Start it on the host with: pct start {self.ct}",
+        )
+
+    def _raise_for_pct(self, exit_code: int | None, stderr: bytes) -> None:
+        """Turn pct's own failures (not the command's) into their specific errors."""
+        if not exit_code:
+            return
+        lines = stderr.decode("utf-8", errors="replace").strip().splitlines()
+        last = lines[-1].strip() if lines else ""
+        host = self.transport.description
+        if _NOT_FOUND.search(last):
+            raise ContainerNotFound(f"Container {self.ct} does not exist on {host}")
+        if _NOT_RUNNING.search(last):
+            raise self._stopped()
+        if exit_code == 127 and _PCT_MISSING.search(last):
+            raise PctMissing(f"{host} has no `pct` command: it is not a Proxmox VE node")
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        check: bool = True,
+    ) -> Result:
+        raw = self.transport.run(self.pct_argv(argv), stdin=stdin, timeout=timeout)
+        self._raise_for_pct(raw.exit_code, raw.stderr)
+        result = Result(tuple(argv), raw.exit_code, raw.stdout, raw.stderr)
+        return raise_for_result(result, self.description) if check else result
+
+    def stream(self, argv: Sequence[str]) -> StreamResult:
+        inner = self.transport.stream(self.pct_argv(argv))
+
+        def chunks() -> Iterator[bytes]:
+            yield from inner
+
+        def finish() -> tuple[int, bytes]:
+            assert inner.exit_code is not None
+            self._raise_for_pct(inner.exit_code, inner.stderr)
+            return inner.exit_code, inner.stderr
+
+        return StreamResult(argv, chunks(), finish, inner.close)
+
+    def ensure_ready(self) -> None:
+        """`pct status <ct>` on the host: pct present, container exists and is running."""
+        result = self.transport.run(["pct", "status", str(self.ct)])
+        self._raise_for_pct(result.exit_code, result.stderr)
+        status = result.stdout_text.strip()
+        if result.exit_code != 0:
+            raise_for_result(result, self.transport.description)
+        if status == "status: stopped":
+            raise self._stopped()
+        if status != "status: running":
+            raise RemoteCommandFailed(
+                self.transport.description,
+                result.argv,
+                result.exit_code,
+                f"unexpected answer from pct status: {status!r}",
+            )
+
+    def close(self) -> None:
+        self.transport.close()

@@ -1,0 +1,320 @@
+"""Where an SSH connection goes: the destination resolved exactly as OpenSSH resolves it.
+
+Resolution is OpenSSH's own. Where the `ssh` client is installed, `resolve` asks it once
+(`ssh -G [-F file] [-l user] [-p port] [-J jump] host`) and reads host name, user, port,
+identity files, IdentitiesOnly, ProxyJump, ProxyCommand, the known-hosts files, HostKeyAlias,
+StrictHostKeyChecking and HashKnownHosts from its answer. Without `ssh`, our own parser
+(`ssh_config_parser`) answers the same questions the same way. Explicit values (flags,
+deploy.toml) are passed as ssh's own flags, so they win as they would on ssh's command line;
+the user defaults to the local account, as ssh's does.
+
+Host and user names are checked before anything reads a config (`ssh_names`): a `Match exec`
+line substitutes them into a shell command.
+
+`~` means $HOME. `ssh` itself takes `~` (and the folder of a relative `Include`) from the
+password database, so when $HOME points elsewhere (a test, a sandbox) ssh would read other files
+than dflash is pointed at: dflash then reads `$HOME/.ssh/config` with its own parser (no
+/etc/ssh/ssh_config, as with `ssh -F`). Forced to ask ssh there (`use_ssh=True`), it passes
+`-F $HOME/.ssh/config` and maps the account home in ssh's answer to $HOME.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from dflash_ops.connect import ssh_config_parser, ssh_names, ssh_tokens
+from dflash_ops.errors import ConfigError
+
+DEFAULT_PORT = 22
+SYSTEM_KNOWN_HOSTS = (Path("/etc/ssh/ssh_known_hosts"), Path("/etc/ssh/ssh_known_hosts2"))
+_MAX_JUMPS = 8
+_PATH_KEYS = ("userknownhostsfile", "globalknownhostsfile", "identityfile")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SSHTarget:
+    """A fully resolved SSH destination. `alias` is what the user wrote; `hostname` is dialled."""
+
+    alias: str
+    hostname: str
+    port: int = DEFAULT_PORT
+    user: str
+    identity_files: tuple[Path, ...] = ()
+    identities_only: bool = False
+    known_hosts_files: tuple[Path, ...] = ()  # the user's; new keys are added to the first
+    system_known_hosts_files: tuple[Path, ...] = SYSTEM_KNOWN_HOSTS
+    proxy_jump: SSHTarget | None = None
+    proxy_command: str | None = None  # tokens expanded; run by /bin/sh as ssh does
+    host_key_alias: str | None = None
+    strict_host_key_checking: str = "ask"  # as ssh -G prints it: true, false, ask, accept-new
+    hash_known_hosts: bool = False
+    connect_timeout: float = 10.0
+
+    @property
+    def description(self) -> str:
+        return f"{self.user}@{self.hostname}:{self.port}"
+
+    @property
+    def user_known_hosts(self) -> Path:
+        """The known_hosts file that new keys are added to."""
+        if self.known_hosts_files:
+            return self.known_hosts_files[0]
+        return _home() / ".ssh" / "known_hosts"
+
+    @property
+    def known_hosts_name(self) -> str:
+        """How known_hosts names this host: HostKeyAlias, else `host` or `[host]:port`."""
+        if self.host_key_alias:
+            return self.host_key_alias
+        return self.hostname if self.port == DEFAULT_PORT else f"[{self.hostname}]:{self.port}"
+
+
+def _home() -> Path:
+    return Path.home()
+
+
+def _parse_port(text: str | int, where: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"Invalid port {text!r} in {where}: use a number between 1 and 65535.")
+    return port
+
+
+def _split_jump(spec: str) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:port]` (or `ssh://user@host:port`) → (user, host, port), checked."""
+    spec = spec.removeprefix("ssh://")
+    user, _, hostport = spec.rpartition("@")
+    port: int | None = None
+    if hostport.startswith("["):  # [v6addr]:port
+        host, _, rest = hostport[1:].partition("]")
+        if rest.startswith(":"):
+            port = _parse_port(rest[1:], f"ProxyJump {spec!r}")
+    elif hostport.count(":") == 1:
+        host, _, port_text = hostport.partition(":")
+        port = _parse_port(port_text, f"ProxyJump {spec!r}")
+    else:
+        host = hostport
+    ssh_names.check_host(host, where=f"ProxyJump {spec!r}")
+    if user:
+        ssh_names.check_user(user, where=f"ProxyJump {spec!r}")
+    return (user or None), host, port
+
+
+@dataclass(frozen=True)
+class _Files:
+    """Which config files a lookup reads, and the `-F` that makes `ssh -G` read the same."""
+
+    files: list[tuple[Path, bool]]  # (path, is the user's file)
+    dash_f: Path | None
+
+
+def _config_files(config_path: Path | None, home: Path) -> _Files:
+    if config_path is not None:
+        return _Files([(config_path, True)], config_path)
+    user_file = home / ".ssh" / "config"
+    if home.resolve() == ssh_tokens.account_home().resolve():
+        return _Files([(user_file, True), (ssh_config_parser.SYSTEM_CONFIG, False)], None)
+    return _Files([(user_file, True)], user_file if user_file.is_file() else Path("/dev/null"))
+
+
+def _ask_ssh(ssh: str, request: ssh_config_parser.Request, files: _Files) -> dict[str, list[str]]:
+    """One `ssh -G` → {key: values} for the keys we use."""
+    argv = [ssh, "-G"]
+    if files.dash_f is not None:
+        argv += ["-F", str(files.dash_f)]
+    if request.user is not None:
+        argv += ["-l", request.user]
+    if request.port is not None:
+        argv += ["-p", str(request.port)]
+    if request.jump is not None:
+        argv += ["-o", f"ProxyJump={request.jump}"]
+    argv.append(request.host)
+    try:
+        done = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"ssh -G {request.host} did not answer: {exc}") from None
+    if done.returncode != 0:
+        why = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no message"
+        raise ConfigError(f"ssh refuses the configuration for {request.host!r}: {why}")
+    values: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key in ssh_config_parser.KEYS:
+            values.setdefault(key, []).append(value)
+    for key in ("userknownhostsfile", "globalknownhostsfile"):
+        if key in values:
+            values[key] = _split_paths(values[key][0])
+    return values
+
+
+def _split_paths(text: str) -> list[str]:
+    """ssh -G prints a list of expanded paths joined by spaces; a word that is not a path
+    start belongs to the previous path (a quoted name with a space)."""
+    paths: list[str] = []
+    for word in text.split(" "):
+        if paths and not word.startswith(("/", "~")):
+            paths[-1] += " " + word
+        else:
+            paths.append(word)
+    return paths
+
+
+def _rehome(values: dict[str, list[str]], home: Path) -> dict[str, list[str]]:
+    """Map the account home (ssh's `~`) to $HOME in ssh's answer, when they differ."""
+    account = str(ssh_tokens.account_home()).rstrip("/") + "/"
+    if Path(account).resolve() == home.resolve():
+        return values
+    mine = str(home).rstrip("/") + "/"
+    return {
+        key: [
+            mine + item[len(account) :] if key in _PATH_KEYS and item.startswith(account) else item
+            for item in items
+        ]
+        for key, items in values.items()
+    }
+
+
+def lookup(
+    host: str,
+    *,
+    user: str | None = None,
+    port: int | None = None,
+    proxy_jump: str | None = None,
+    config_path: Path | None = None,
+    use_ssh: bool | None = None,
+) -> dict[str, list[str]]:
+    """What `ssh -G` says for these settings (asked of ssh, or of our parser without it).
+
+    `use_ssh=None` asks ssh when it is installed; True/False force one path (tests)."""
+    host_user, host = ssh_names.split_user_host(host)
+    user = user or host_user
+    if user is not None:
+        ssh_names.check_user(user, where="user")
+    home = _home()
+    request = ssh_config_parser.Request(host=host, user=user, port=port, jump=proxy_jump, home=home)
+    files = _config_files(config_path, home)
+    ask = use_ssh
+    if ask is None:  # ssh reads `~` from the password database: ask it only about that home
+        ask = files.dash_f is None or config_path is not None
+    ssh = shutil.which("ssh") if ask else None
+    if use_ssh and ssh is None:
+        raise ConfigError("The ssh client is not installed.")
+    if ssh is not None:
+        return _rehome(_ask_ssh(ssh, request, files), home)
+    return ssh_config_parser.resolve(request, files.files)
+
+
+def resolve(
+    host: str,
+    *,
+    user: str | None = None,
+    port: int | None = None,
+    identity_files: list[Path] | tuple[Path, ...] | None = None,
+    known_hosts_files: list[Path] | tuple[Path, ...] | None = None,
+    proxy_jump: str | None = None,
+    config_path: Path | None = None,
+    use_ssh: bool | None = None,
+    _depth: int = 0,
+) -> SSHTarget:
+    """Resolve `host` (an alias or address, optionally `user@host`) into an `SSHTarget`.
+
+    Explicit arguments win over ssh_config, which wins over OpenSSH's defaults.
+    `proxy_jump="none"` disables a ProxyJump set in the config.
+    """
+    host_user, host = ssh_names.split_user_host(host)
+    user = user or host_user
+    if port is not None:
+        port = _parse_port(port, "--port")
+    if _depth > _MAX_JUMPS:
+        raise ConfigError(f"ProxyJump chain through {host!r} is longer than {_MAX_JUMPS} hops.")
+    values = lookup(
+        host,
+        user=user,
+        port=port,
+        proxy_jump=proxy_jump,
+        config_path=config_path,
+        use_ssh=use_ssh,
+    )
+    target = _target(host, values)
+    if identity_files is not None:
+        target = replace(target, identity_files=tuple(identity_files))
+    if known_hosts_files is not None:
+        target = replace(target, known_hosts_files=tuple(known_hosts_files))
+    jump_spec = values.get("proxyjump", [None])[0]
+    if jump_spec:
+        target = replace(target, proxy_jump=_resolve_jumps(jump_spec, config_path, use_ssh, _depth))
+    return target
+
+
+def _resolve_jumps(
+    spec: str, config_path: Path | None, use_ssh: bool | None, depth: int
+) -> SSHTarget:
+    """`a,b`: reach a (with its own config), from a reach b, from b the target."""
+    jump: SSHTarget | None = None
+    for hop in spec.split(","):
+        hop_user, hop_host, hop_port = _split_jump(hop.strip())
+        hop_target = resolve(
+            hop_host,
+            user=hop_user,
+            port=hop_port,
+            config_path=config_path,
+            proxy_jump="none" if jump is not None else None,
+            use_ssh=use_ssh,
+            _depth=depth + 1,
+        )
+        if jump is not None:
+            hop_target = replace(hop_target, proxy_jump=jump)
+        jump = hop_target
+    assert jump is not None
+    return jump
+
+
+def _target(alias: str, values: dict[str, list[str]]) -> SSHTarget:
+    """The target that ssh's answer describes (tokens and `~` expanded as ssh would)."""
+    home = _home()
+
+    def one(key: str, default: str = "") -> str:
+        return values.get(key, [default])[0]
+
+    hostname, user = one("hostname", alias), one("user") or ssh_tokens.local_user()
+    port = _parse_port(one("port", "22"), f"the SSH configuration of {alias}")
+    tokens = ssh_tokens.tokens(host=hostname, original=alias, port=str(port), user=user, home=home)
+
+    def path(text: str, key: str) -> Path:
+        return Path(ssh_tokens.expand(ssh_tokens.expand_tilde(text, home), tokens, where=key))
+
+    proxy_command = one("proxycommand") or None
+    if proxy_command is not None:
+        proxy_command = ssh_tokens.expand(proxy_command, tokens, where="ProxyCommand")
+    timeout = one("connecttimeout", "none")
+    return SSHTarget(
+        alias=alias,
+        hostname=hostname,
+        port=port,
+        user=user,
+        identity_files=tuple(path(p, "IdentityFile") for p in values.get("identityfile", [])),
+        identities_only=one("identitiesonly", "no") == "yes",
+        known_hosts_files=tuple(
+            path(p, "UserKnownHostsFile")
+            for p in values.get("userknownhostsfile", [])
+            if p != "none"
+        ),
+        system_known_hosts_files=tuple(
+            path(p, "GlobalKnownHostsFile")
+            for p in values.get("globalknownhostsfile", [])
+            if p != "none"
+        ),
+        proxy_command=proxy_command,
+        host_key_alias=one("hostkeyalias") or None,
+        strict_host_key_checking=one("stricthostkeychecking", "ask"),
+        hash_known_hosts=one("hashknownhosts", "no") == "yes",
+        connect_timeout=float(timeout) if timeout.isdigit() else 10.0,
+    )

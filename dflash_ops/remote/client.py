@@ -1,0 +1,323 @@
+"""The client of the site program (`site.sh`): the one way dflash changes a place.
+
+`dflash deploy`, restart, rollback and stop each run ONE remote command: `bash -c SITE
+dflash-<command> <command> --option VALUE … -- TMUX-ARGS…`, with the bundle's tar on stdin for
+a deploy. Over SSH every command starts the account's login shell (and `pct exec` enters the
+container's namespaces), so one command instead of ten is most of a deploy's time. Every value
+travels as an argv element (named options, quoted only by `shell.quote_argv` on the way); the
+program's text is fixed, read from `site.sh` beside this module.
+
+The answer is read from the step lines the program prints (`Outcome.of`), and a failure becomes
+the typed error of the step that failed through one table (`_ERRORS`). A held lock (exit 3) is
+judged here (`DeployLock.judge`: wait, take over a stale record, or `--force`) and the command
+runs once more. A command killed on its way (no `failed` line) makes the client look at the
+place again, so a container stopped under it is reported as such.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from dflash_ops.connect.transport import HeldOpen, Result
+from dflash_ops.errors import DflashError, RemoteCommandFailed
+from dflash_ops.remote.checkpoints import Checkpoints, PruneReport
+from dflash_ops.remote.job import Job, JobState
+from dflash_ops.remote.lock import DeployLock, Owner
+from dflash_ops.remote.release import KEEP, Bundle, Releases, checked_id
+
+log = logging.getLogger(__name__)
+
+SITE = (Path(__file__).parent / "site.sh").read_text()
+Command = Literal["deploy", "restart", "rollback", "stop"]  # site.sh's changing commands
+HELD = 3  # site.sh: the lock is held by someone else
+PREFLIGHT = 10  # site.sh: tmux or python failed the preflight
+
+
+def site_argv(
+    command: str, options: Sequence[tuple[str, str]], tail: Sequence[str] = ()
+) -> list[str]:
+    """`bash -c SITE dflash-<command> <command> --name value … [-- tail…]`."""
+    argv = ["bash", "-c", SITE, f"dflash-{command}", command]
+    for name, value in options:
+        argv += [f"--{name}", value]
+    return [*argv, "--", *tail] if tail else argv
+
+
+@dataclass(kw_only=True)
+class Outcome:
+    """What one run of the program printed: the steps reached and what they found."""
+
+    exit_code: int
+    stderr: str
+    steps: list[str] = field(default_factory=list)
+    facts: dict[str, list[str]] = field(default_factory=dict)
+    held: str | None = None
+
+    @classmethod
+    def of(cls, result: Result) -> Outcome:
+        outcome = cls(exit_code=result.exit_code, stderr=result.stderr_text)
+        text = result.stdout_text
+        head, sep, rest = text.partition("\nheld\t")  # the holder's record: all that follows
+        if sep:
+            outcome.held, text = rest.removesuffix("\n"), head
+        for line in text.splitlines():
+            key, _, value = line.partition("\t")
+            if key == "step":
+                outcome.steps.append(value)
+            else:
+                outcome.facts.setdefault(key, []).append(value)
+        return outcome
+
+    def fact(self, key: str) -> str | None:
+        values = self.facts.get(key)
+        return values[-1] if values else None
+
+    @property
+    def step(self) -> str:
+        return self.steps[-1] if self.steps else "start-up"
+
+    @property
+    def code(self) -> int:
+        """The failed step's own status (`failed<TAB>STATUS`), else the command's exit."""
+        status = self.fact("failed")
+        return int(status) if status and status.isdigit() else self.exit_code
+
+
+@dataclass(frozen=True, kw_only=True)
+class Steps:
+    """One command of the program: deploy (`bundle`), rollback (`switch_to`), restart, stop."""
+
+    doing: Command  # the program's command, and the lock's `doing`
+    bundle: Bundle | None = None  # deploy: unpack it, switch to it, prune
+    switch_to: str | None = None  # rollback: switch to this complete release
+    archive: bool = False  # archive the checkpoints after the stop (deploy, restart)
+    preflight: bool = False  # deploy: tmux and python first, the bundle's train.toml checked
+    save: bool = True  # the stop gives the job `stop_timeout` to save (False: SIGTERM at once)
+
+    @property
+    def release(self) -> str | None:
+        """The release `current` is switched to: the bundle's, the rollback's, or None."""
+        return self.bundle.release_id if self.bundle is not None else self.switch_to
+
+
+@dataclass(frozen=True, kw_only=True)
+class Done:
+    release: str | None  # the release `current` points at (None for a stop)
+    removed: list[str]
+    stopped: JobState | None
+    archived: str | None
+    started: JobState | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preflight:
+    """A deploy's checks before anything changes, as the caller words them: the job's python
+    answering a probe (after `tmux -V`), the trainer's check of the bundle's train.toml (empty:
+    none), and the typed errors of their failures (`dflash doctor`'s own words)."""
+
+    probe: Sequence[str]
+    check: Sequence[str]
+    failed: Callable[[str, Result], DflashError]  # "tmux" or "python", and what it answered
+    invalid: Callable[[int, Sequence[str]], DflashError]  # the check's status and its lines
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeployPlan:
+    """Everything the program needs besides the steps: the target's parts and the job;
+    `preflight`: what a deploy checks first (None: nothing)."""
+
+    releases: Releases
+    job: Job
+    lock: DeployLock
+    checkpoints: Checkpoints
+    launch: Sequence[str]  # the job's argv
+    cwd: str
+    env: dict[str, str]
+    preflight: Preflight | None = None
+    keep: int = KEEP
+
+
+def argv(
+    plan: DeployPlan, steps: Steps, owner: Owner, *, stale: str, archive: str, expect: str = ""
+) -> list[str]:
+    """The one command. `stale`: a lock record judged stale (or forced), taken over at the
+    place if the lock still holds it; `expect`: the release `current` must still point at
+    (rollback chose its target from it)."""
+    options = [
+        ("root", plan.releases.root),
+        ("lock", plan.lock.path),
+        ("owner", owner.text()),
+        ("checkpoints", plan.checkpoints.path),
+        ("socket", plan.job.socket),
+        ("session", plan.job.session),
+        ("log-dir", plan.job.log_dir),
+        ("stop-ticks", ",".join(plan.job.stop_ticks(save=steps.save))),
+    ]
+    options += [("stale", stale)] if stale else []
+    options += [("archive-to", archive)] if archive else []
+    if steps.release:
+        options.append(("release", checked_id(steps.release)))
+    if expect:
+        options.append(("expect", checked_id(expect)))
+    if steps.bundle is not None:
+        options += [("bundle-size", str(len(steps.bundle.data))), ("keep", str(plan.keep))]
+        options += _preflight(plan, steps)
+    tail = plan.job.start_args(plan.launch, cwd=plan.cwd, env=plan.env)
+    return site_argv(steps.doing, options, [] if steps.doing == "stop" else tail)
+
+
+def _preflight(plan: DeployPlan, steps: Steps) -> list[tuple[str, str]]:
+    """`--probe` (the job's python) and `--check` (the trainer's check of train.toml) words."""
+    if not steps.preflight or plan.preflight is None:
+        return []
+    words = [("probe", word) for word in plan.preflight.probe]
+    return words + [("check", word) for word in plan.preflight.check]
+
+
+def run(plan: DeployPlan, steps: Steps, *, force: bool = False, expect: str = "") -> Done:
+    """Run `steps` at the place: one command when the lock is free. A held lock is judged
+    here (`DeployLock.judge`, with the place's word on whether the holding program lives): the
+    command runs again after a short wait, or taking over the stale record, until the lock's
+    wait is over (`LockHeld`). The program holds the lock itself and releases it on exit."""
+    archive = plan.checkpoints.archive_dest() if steps.archive else ""
+    owner = Owner.me(steps.doing)
+    deadline = time.monotonic() + plan.lock.wait
+    stale = ""
+    while True:
+        outcome = _run(plan, steps, owner, stale=stale, archive=archive, expect=expect)
+        if outcome.exit_code != HELD or outcome.held is None:
+            break
+        judged = plan.lock.judge(
+            outcome.held, force=force, deadline=deadline, holder=outcome.fact("holder")
+        )
+        stale = judged or ""
+    if outcome.exit_code != 0 or outcome.step != "done":
+        raise error(plan, steps, outcome)
+    stopped, started = outcome.fact("stopped"), outcome.fact("started")
+    return Done(
+        release=steps.release or outcome.fact("current"),
+        removed=sorted(outcome.facts.get("removed", [])),
+        stopped=plan.job.parse_line(stopped) if stopped else None,
+        archived=outcome.fact("archived"),
+        started=plan.job.parse_line(started) if started else None,
+    )
+
+
+def _run(
+    plan: DeployPlan, steps: Steps, owner: Owner, *, stale: str, archive: str, expect: str
+) -> Outcome:
+    # stdin: the bundle (if any), then held open until the program exits: its end tells the
+    # program that this command is gone (`watch_caller`).
+    result = plan.releases.place.run(
+        argv(plan, steps, owner, stale=stale, archive=archive, expect=expect),
+        stdin=HeldOpen(steps.bundle.data if steps.bundle is not None else b""),
+        check=False,
+        timeout=plan.job.stop_seconds() + 600.0,
+    )
+    outcome = Outcome.of(result)
+    log.debug("%s steps %s, exit %s", steps.doing, outcome.steps, outcome.exit_code)
+    return outcome
+
+
+# --- the one table from a failed step to its typed error -------------------------------------
+
+Failure = Callable[["DeployPlan", Steps, Outcome], DflashError | None]
+
+
+def _preflight_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError | None:
+    """tmux or python, in the caller's words (`Preflight.failed`)."""
+    if outcome.exit_code != PREFLIGHT or plan.preflight is None:
+        return None
+    step = outcome.step
+    said, _, out = (outcome.fact(step) or "").partition(" ")
+    result = Result((step,), int(said) if said.isdigit() else outcome.exit_code,
+                    out.encode(), outcome.stderr.encode())  # fmt: skip
+    return plan.preflight.failed(step, result)
+
+
+def _check_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError | None:
+    if plan.preflight is None:
+        return None
+    return plan.preflight.invalid(outcome.code, outcome.facts.get("check", []))
+
+
+def _unpack_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError | None:
+    if steps.release is None:
+        return None
+    return plan.releases.unpack_failed(steps.release, outcome.stderr)
+
+
+def _switch_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError | None:
+    if steps.release is None:
+        return None
+    return plan.releases.switch_failed(steps.release, outcome.stderr)
+
+
+def _no_current(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError:
+    return plan.releases.nothing_deployed()
+
+
+def _start_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError:
+    return plan.job.start_failed(outcome.code, outcome.stderr)
+
+
+def _stop_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError | None:
+    return plan.job.tmux_missing() if outcome.code == 127 else None
+
+
+_ERRORS: dict[str, Failure] = {
+    "tmux": _preflight_failed,
+    "python": _preflight_failed,
+    "check": _check_failed,
+    "unpack": _unpack_failed,
+    "switch": _switch_failed,
+    "current": _no_current,
+    "stop": _stop_failed,
+    "start": _start_failed,
+}
+
+
+def error(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError:
+    """The typed error of the step that failed (`_ERRORS`), else `RemoteCommandFailed`."""
+    if outcome.exit_code != PREFLIGHT and outcome.fact("failed") is None:
+        # Killed on its way (a container stopped under it): looking at the place again
+        # raises the place's own error when the place is what went away.
+        plan.job.state()
+    mapped = _ERRORS.get(outcome.step)
+    found = mapped(plan, steps, outcome) if mapped is not None else None
+    if found is not None:
+        return found
+    where = plan.releases.place.description
+    return RemoteCommandFailed(
+        where, (f"dflash-{steps.doing}", outcome.step), outcome.code, outcome.stderr
+    )
+
+
+# --- checkpoints prune: one command per archived run ---------------------------------------
+
+REFUSED = 3  # site.sh prune-run: the entry failed its proof at the place
+
+
+def prune_runs(checkpoints: Checkpoints, *, keep: int) -> PruneReport:
+    """Delete all but the newest `keep` archived runs (`Checkpoints.doomed` chooses), each by
+    `site.sh prune-run`, which proves at the place that the entry is a run before `rm`."""
+    doomed, kept, skipped = checkpoints.doomed(keep=keep)
+    deleted, refused = [], []
+    place = checkpoints.place
+    for stamp in doomed:
+        options = [("checkpoints", checkpoints.path), ("run", checkpoints.run_path(stamp))]
+        result = place.run(site_argv("prune-run", options), check=False)
+        if result.exit_code == 0:
+            deleted.append(stamp)
+        elif result.exit_code == REFUSED:
+            refused.append(result.stderr_text.strip().splitlines()[-1])
+        else:
+            raise RemoteCommandFailed(
+                place.description, result.argv, result.exit_code, result.stderr_text
+            )
+    return PruneReport(deleted=deleted, kept=kept, refused=refused, skipped=skipped)

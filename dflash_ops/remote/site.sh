@@ -1,0 +1,465 @@
+#!/usr/bin/env bash
+# The one program dflash runs at a place to change it: a target's lock, releases, job and
+# checkpoints. It is sent whole as ONE command, `bash -c "$(cat site.sh)" dflash-site COMMAND
+# OPTIONS…` (over SSH, through `pct exec`, or as a local subprocess), values as named options,
+# never pasted into the text. dflash_ops/remote/client.py builds the call and reads the answer.
+#
+#   deploy   --release ID --bundle-size N [--keep N] [--probe ARG]… [--check ARG]…
+#            [--archive-to DIR] COMMON -- TMUX-ARGS…   (the bundle's tar on stdin)
+#   restart  [--archive-to DIR] COMMON -- TMUX-ARGS…
+#   rollback --release ID [--expect ID] COMMON -- TMUX-ARGS…
+#   stop     COMMON
+#   prune-run --checkpoints DIR --run DIR   (delete one archived run, proven to be one)
+#
+#   COMMON: --root DIR --lock PATH --owner JSON [--stale RECORD] --checkpoints DIR
+#           --socket NAME --session NAME --log-dir DIR --stop-ticks INT,TERM,KILL
+#
+# What a command does is announced on stdout as `step<TAB>NAME` before it runs; what a step
+# found is `KEY<TAB>VALUE` (`removed`, `current`, `stopped`, `archived`, `started`); a failed
+# step prints `failed<TAB>STATUS` and exits 1. Exit 3 with `holder<TAB>alive|gone|unknown`
+# and `held<TAB>RECORD` (last): the lock is held. Exit 10: tmux or python failed the preflight.
+#
+# The steps of deploy, in order: tmux, python (--probe) → lock → unpack → check (--check: the
+# trainer's own check of the release's train.toml; a failure removes the unpacked release) →
+# switch → prune → stop → archive (--archive-to) → start → done. Nothing stops before the check
+# passed. Restart reads `current` instead of unpacking; rollback only switches (while `current`
+# is still --expect); stop only stops.
+#
+# The steps run in their own process group, and this program never outlives the command that
+# started it: stdin carries the bundle (exactly its size) and then stays open until the program
+# exits; once the bundle is read a watcher waits for its end, which comes early only when the
+# caller was killed or its connection dropped, and then ends the group (the EXIT trap releases
+# the lock on the way out).
+
+readonly HELD=3         # the lock is held by someone else
+readonly PREFLIGHT=10   # tmux or python failed
+readonly RUNNING=5      # the job's session is running (start refused)
+readonly COMPLETE=.complete  # written last into a release: everything before it is on disk
+readonly ARCHIVE=archive     # the folder of archived runs inside the checkpoints folder
+# The pane's state line (job.py parses it): dead|status|signal|pid|created|server pid
+readonly FORMAT='#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_pid}|#{session_created}|#{pid}'
+
+say() { printf '%s\t%s\n' "$1" "$2"; }
+fail() { say failed "$1"; exit 1; }
+
+# --- lock: a symlink whose text is the owner record (`ln -sT` is atomic) --------------------
+
+lock_take() {  # $1 root, $2 lock path, $3 owner text. 0: taken; HELD: held (stdout: record)
+  local n=0
+  mkdir -p -- "$1" || return 1
+  while [ "$n" -lt 20 ]; do
+    if ln -sT -- "$3" "$2" 2>/dev/null; then return 0; fi
+    if readlink -- "$2"; then return "$HELD"; fi
+    n=$((n + 1))  # it vanished between ln and readlink: try again
+  done
+  echo "cannot create the lock $2" >&2
+  return 1
+}
+lock_take_over() {  # $1 lock path, $2 the stale record, $3 a token. HELD: it changed meanwhile
+  # Renamed aside (atomic: of two takers only one moves it), then checked: a fresh lock moved
+  # by mistake is put back.
+  local aside="$1.stale.$3" moved
+  mv -T -- "$1" "$aside" 2>/dev/null || return "$HELD"
+  moved=$(readlink -- "$aside") || moved=""
+  if [ "$moved" = "$2" ]; then rm -f -- "$aside"; return 0; fi
+  ln -sT -- "$moved" "$1" 2>/dev/null
+  rm -f -- "$aside"
+  return "$HELD"
+}
+lock_release() {  # $1 lock path, $2 our record: removes the lock only if it is still ours
+  if [ "$(readlink -- "$1")" = "$2" ]; then rm -f -- "$1"; fi
+}
+proc_start() {  # $1 a pid: "BOOT_ID START_TICKS" of that process; fails when none (or a zombie)
+  local s boot
+  { read -r s < "/proc/$1/stat"; } 2>/dev/null || return 1
+  { read -r boot < /proc/sys/kernel/random/boot_id; } 2>/dev/null || boot=-
+  s=${s##*) }
+  # shellcheck disable=SC2086  # split into the stat fields (state, ppid, pgrp, ...)
+  set -- $s
+  [ "$1" != Z ] || return 1
+  printf '%s %s\n' "$boot" "${20}"
+}
+lock_record() {  # $1 the operator's record (JSON), $2 our pid: the record naming us
+  local start
+  start=$(proc_start "$2") || return 1
+  printf '%s,"place_pid":%s,"place_start":"%s"}\n' "${1%\}}" "$2" "$start"
+}
+lock_holder() {  # $1 a lock record: alive, gone, or unknown (no place identity in it)
+  local re='"place_pid":([0-9]+),"place_start":"([^"]*)"' pid want
+  [[ $1 =~ $re ]] || { echo unknown; return 0; }
+  pid=${BASH_REMATCH[1]} want=${BASH_REMATCH[2]}
+  if [ "$(proc_start "$pid")" = "$want" ]; then echo alive; else echo gone; fi
+}
+
+# --- releases: releases/<id>.tmp → marker → releases/<id> → `current` ------------------------
+
+release_unpack() {  # $1 root, $2 id; stdin: the bundle's tar
+  # Unfinished releases of earlier, interrupted deploys (`*.tmp`) are removed first; the
+  # marker is written only after tar succeeded and the files were flushed.
+  local rel=$1/releases d
+  mkdir -p -- "$rel" || return 1
+  for d in "$rel"/*.tmp; do if [ -e "$d" ]; then rm -rf -- "$d" || return 1; fi; done
+  mkdir -- "$rel/$2.tmp" || return 1
+  tar -x --no-same-owner -C "$rel/$2.tmp" -f - || return 1
+  sync -f -- "$rel/$2.tmp" || return 1
+  : > "$rel/$2.tmp/$COMPLETE"
+}
+release_switch() {  # $1 root, $2 id: complete release $2, point `current` at it; list releases
+  # `.tmp` is renamed away once it has its marker; `current` moves atomically (a new link
+  # renamed over the old one).
+  ( cd -- "$1" || exit 1
+    if [ -f "releases/$2.tmp/$COMPLETE" ]; then
+      mv -T -- "releases/$2.tmp" "releases/$2" || exit 1
+    fi
+    [ -f "releases/$2/$COMPLETE" ] || { echo "release $2 is not complete" >&2; exit 1; }
+    ln -sfn -- "releases/$2" .current.tmp || exit 1
+    mv -T -- .current.tmp current || exit 1
+    ls -1 -- releases )
+}
+release_prune() {  # $1 root, $2 keep, $3 current, then release ids; prints each id it deleted
+  # All but the newest $2 go, never $3 and never the newest release older than $3 (the one
+  # `rollback` goes back to). Ids sort by time (LC_ALL=C: ASCII ranges and order).
+  local LC_ALL=C root=$1 keep=$2 current=$3 id prev="" i
+  local -a ids=()
+  shift 3
+  while IFS= read -r id; do
+    case $id in
+      [0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]-[0-9][0-9][0-9][0-9][0-9][0-9]-[0-9][0-9][0-9]-[0-9a-f][0-9a-f][0-9a-f][0-9a-f])
+        ids+=("$id") ;;
+    esac
+  done < <(printf '%s\n' "$@" | sort -u)
+  [ "$keep" -gt 0 ] || return 0
+  for id in "${ids[@]}"; do [[ $id < $current ]] && prev=$id; done
+  for ((i = 0; i < ${#ids[@]} - keep; i++)); do
+    id=${ids[i]}
+    if [ "$id" = "$current" ] || [ "$id" = "$prev" ]; then continue; fi
+    rm -rf -- "$root/releases/$id" || return 1
+    printf '%s\n' "$id"
+  done
+}
+
+# --- checkpoints ----------------------------------------------------------------------------
+
+checkpoints_archive() {  # $1 folder, $2 destination; prints `moved` when it moved anything
+  # Every entry except `archive/` moves into $2 (created only when there is something to
+  # move). Entries are the folder's own names (globs, hidden ones included).
+  [ -d "$1" ] || return 0
+  ( cd -- "$1" || exit 1
+    dest=$2; set --
+    for e in * .[!.]* ..?*; do
+      { [ -e "$e" ] || [ -L "$e" ]; } || continue
+      [ "$e" = "$ARCHIVE" ] || set -- "$@" "$e"
+    done
+    [ "$#" -gt 0 ] || exit 0
+    mkdir -p -- "$dest" || exit 1
+    mv -- "$@" "$dest/" || exit 1
+    echo moved )
+}
+checkpoints_remove_run() {  # $1 checkpoints folder, $2 an archived run. Exit 3: refused
+  # Proves at the place that $2 is a run: not a link, a folder named as a run, directly in
+  # `archive/` strictly inside the checkpoints folder. `rm -rf` gets the entry itself, never a
+  # resolved path, so a link swapped in at the last moment is removed as a link.
+  local entry=$2 name=${2##*/} base arch parent
+  refuse() { echo "refusing to delete $entry: $1" >&2; exit 3; }
+  base=$(realpath -e -- "$1") || refuse "the checkpoints folder does not resolve"
+  case "$base" in ""|/) refuse "the checkpoints folder resolves to ${base:-nothing}";; esac
+  arch=$(realpath -e -- "$base/$ARCHIVE") || refuse "there is no archive folder"
+  case "$arch/" in "$base"/?*/) ;; *) refuse "the archive folder resolves to $arch";; esac
+  [ ! -L "$entry" ] || refuse "it is a symbolic link (to $(readlink -- "$entry")): not a run"
+  [[ $name =~ ^[0-9]{8}T[0-9]{6}\.[0-9]{3}Z$ ]] || refuse "it is not a run (archive/<UTC time>)"
+  parent=$(realpath -e -- "${entry%/*}/") || refuse "its folder does not resolve"
+  [ "$parent" = "$arch" ] || refuse "it is not directly inside $arch/"
+  { [ -d "$arch/$name" ] && [ ! -L "$arch/$name" ]; } || refuse "it is not a run folder"
+  rm -rf -- "${arch:?}/$name"
+}
+
+# --- job: one tmux session on a private socket ----------------------------------------------
+
+have_tmux() {
+  command -v tmux >/dev/null || { echo "tmux: command not found" >&2; return 1; }
+}
+job_read() {  # $1 socket, $2 session: the pane's state line; nothing without a session
+  local out
+  out=$(tmux -L "$1" list-panes -t "=$2:" -F "$FORMAT" 2>/dev/null) || return 0
+  printf '%s\n' "${out%%$'\n'*}"
+}
+job_ended() {  # $1 a state line: 0 when the job has ended (tmux knows its status)
+  local dead status signal rest
+  IFS='|' read -r dead status signal rest <<< "$1"
+  [ "$dead" = 1 ] && [ -n "$status$signal" ]
+}
+job_state() {  # $1 socket, $2 session: the state line, once tmux has a status to show
+  local line n=0 dead rest server
+  line=$(job_read "$1" "$2")
+  # tmux 3.3 sometimes misses the SIGCHLD of a pane process (the pane is dead but has no
+  # status); another SIGCHLD makes it reap the process and record the status.
+  while [ "${line%%|*}" = 1 ] && ! job_ended "$line" && [ "$n" -lt 10 ]; do
+    if [ "$n" = 0 ]; then
+      IFS='|' read -r dead rest rest rest rest server <<< "$line"
+      kill -s CHLD "$server" 2>/dev/null
+    fi
+    sleep 0.02; n=$((n + 1))
+    line=$(job_read "$1" "$2")
+  done
+  [ -z "$line" ] || printf '%s\n' "$line"
+}
+group_alive() {  # $1 a process group: 0 while a live member is left (zombies are dead)
+  # /proc is scanned with the `read` builtin: a `cat` per process costs a fork each, seconds
+  # on a busy machine with a few hundred processes.
+  local f s pg=$1
+  for f in /proc/[0-9]*/stat; do
+    { read -r s < "$f"; } 2>/dev/null || continue; s=${s##*) }
+    # shellcheck disable=SC2086  # split into the stat fields (state, ppid, pgrp, ...)
+    set -- $s; [ "$1" != Z ] && [ "$3" = "$pg" ] && return 0
+  done
+  return 1
+}
+signal_and_wait() {  # $1 signal, $2 process group, $3 ticks of 0.1 s. 1: still alive
+  # Looks every 0.02 s: most jobs are gone a few ms after the signal.
+  local n=0
+  kill -s "$1" -- "-$2" 2>/dev/null || return 0
+  while group_alive "$2"; do
+    [ "$n" -ge $(($3 * 5)) ] && return 1
+    sleep 0.02; n=$((n + 1))
+  done
+}
+job_key() {  # $1 a state line: the session's identity, `PANE_PID.CREATED`
+  local dead status signal pid created rest
+  IFS='|' read -r dead status signal pid created rest <<< "$1"
+  printf '%s.%s\n' "$pid" "$created"
+}
+job_end() {  # $1 socket, $2 session, $3 its key: ends the session only if it is still it
+  # tmux checks the key and kills in one step of its server: a session started under the same
+  # name since the key was read (by a later command) is never touched. Session ids alone are
+  # not enough: a new server numbers its sessions from $0 again.
+  tmux -L "$1" if-shell -F -t "=$2:" "#{==:#{pane_pid}.#{session_created},$3}" \
+    "kill-session -t =$2" >/dev/null 2>&1
+}
+job_stop() {  # $1 socket, $2 session, $3 "INT,TERM,KILL" ticks of 0.1 s after each signal
+  # Prints the job's last state line (nothing when there was no session), ends the session —
+  # the one read here, never another that took its name meanwhile (`job_end`).
+  local line dead status signal pid rest sig ticks key n=0 int term kill
+  IFS=, read -r int term kill <<< "$3"
+  have_tmux || return 127
+  line=$(job_state "$1" "$2")
+  [ -n "$line" ] || return 0
+  IFS='|' read -r dead status signal pid rest <<< "$line"
+  key=$(job_key "$line")
+  if ! job_ended "$line" && [ -n "$pid" ]; then
+    for sig in INT TERM KILL; do
+      case $sig in INT) ticks=$int ;; TERM) ticks=$term ;; *) ticks=$kill ;; esac
+      signal_and_wait "$sig" "$pid" "$ticks" && break
+    done
+    line=$(job_state "$1" "$2")  # tmux reaps the pane asynchronously
+    while ! job_ended "$line" && [ "$n" -lt 20 ]; do
+      [ "$(job_key "$line")" = "$key" ] || break  # another session by now
+      sleep 0.05; n=$((n + 1)); line=$(job_state "$1" "$2")
+    done
+  fi
+  job_end "$1" "$2" "$key"
+  printf '%s\n' "$line"
+}
+job_start() {  # $1 socket, $2 session, $3 the log's folder, then tmux's start arguments
+  # Prints the new pane's state line. Exit RUNNING: the job is running. A dead session left
+  # by an earlier run is removed first.
+  local sock=$1 sess=$2 line out rc
+  have_tmux || return 127
+  line=$(job_state "$sock" "$sess")
+  if [ -n "$line" ]; then
+    job_ended "$line" || { echo "the job session $sess is running" >&2; return "$RUNNING"; }
+    job_end "$sock" "$sess" "$(job_key "$line")"
+  fi
+  mkdir -p -- "$3" || return 125
+  shift 3
+  out=$(tmux -L "$sock" "$@" 2>&1); rc=$?
+  if [ "$rc" != 0 ] && ! tmux -L "$sock" has-session -t "=$sess" 2>/dev/null; then
+    case $out in  # the server of a session just killed was still exiting, and took this one
+      *"no current target"* | *"server exited"* | *"lost server"*)
+        sleep 0.3; out=$(tmux -L "$sock" "$@" 2>&1); rc=$? ;;
+    esac
+  fi
+  [ "$rc" = 0 ] || { printf '%s\n' "$out" >&2; return "$rc"; }
+  line=${out%%$'\n'*}
+  if [ "${line%%|*}" = 1 ] && ! job_ended "$line"; then
+    line=$(job_state "$sock" "$sess")
+  fi
+  printf '%s\n' "$line"
+}
+
+# --- the commands ---------------------------------------------------------------------------
+
+watch_caller() {  # $1 our process group: ended once stdin (the caller's line) closes
+  # Started once the bundle is read: what is left on stdin is nothing, held open by the
+  # caller until we exit. EOF before that means the caller or its connection is gone, and
+  # nothing may be done in its name any more: TERM to our group (the EXIT trap releases the
+  # lock), then, once the steps' shell is gone (3 s at most), KILL to what is left of it.
+  { local n=0
+    cat >/dev/null; trap '' TERM; kill -s TERM -- "-$1"
+    while kill -0 "$1" 2>/dev/null && [ "$n" -lt 30 ]; do sleep 0.1; n=$((n + 1)); done
+    kill -s KILL -- "-$1"
+  } 0<&0 >/dev/null 2>&1 &
+}
+
+usage() { echo "site.sh: $1" >&2; exit 2; }
+
+parse_options() {  # named options into the globals below; after `--`: tmux's start arguments
+  root="" id="" size="" keep=5 lock="" owner="" stale="" ckpt="" dest="" expect=""
+  socket="" session="" logdir="" ticks="" run=""
+  probe=() checker=() tmux_args=()
+  while [ "$#" -gt 0 ]; do
+    case $1 in
+      --) shift; tmux_args=("$@"); return 0 ;;
+      --*) [ "$#" -ge 2 ] || usage "$1 needs a value" ;;
+      *) usage "unexpected argument $1" ;;
+    esac
+    case $1 in
+      --root) root=$2 ;;
+      --release) id=$2 ;;
+      --bundle-size) size=$2 ;;
+      --keep) keep=$2 ;;
+      --lock) lock=$2 ;;
+      --owner) owner=$2 ;;
+      --stale) stale=$2 ;;
+      --checkpoints) ckpt=$2 ;;
+      --archive-to) dest=$2 ;;
+      --expect) expect=$2 ;;
+      --probe) probe+=("$2") ;;
+      --check) checker+=("$2") ;;
+      --socket) socket=$2 ;;
+      --session) session=$2 ;;
+      --log-dir) logdir=$2 ;;
+      --stop-ticks) ticks=$2 ;;
+      --run) run=$2 ;;
+      *) usage "unknown option $1" ;;
+    esac
+    shift 2
+  done
+}
+
+step_preflight() {  # tmux, then the job's python answering the probe
+  local out rc
+  say step tmux
+  if have_tmux; then out=$(tmux -V); rc=$?; else out="" rc=127; fi
+  say tmux "$rc ${out%%$'\n'*}"
+  [ "$rc" = 0 ] || exit "$PREFLIGHT"
+  say step python
+  out=$("${probe[@]}" </dev/null); rc=$?
+  say python "$rc ${out##*$'\n'}"
+  [ "$rc" = 0 ] || exit "$PREFLIGHT"
+}
+
+step_lock() {  # takes the lock (over the judged stale record); from here EXIT releases it
+  local held rc
+  say step lock
+  record=$(lock_record "$owner" "$me") || fail 1
+  if [ -n "$stale" ]; then lock_take_over "$lock" "$stale" "$me"; fi
+  held=$(lock_take "$root" "$lock" "$record"); rc=$?
+  if [ "$rc" = "$HELD" ]; then
+    say holder "$(lock_holder "$held")"
+    say held "$held"
+    exit "$HELD"
+  fi
+  [ "$rc" = 0 ] || fail "$rc"
+  trap 'lock_release "$lock" "$record"; trap "" TERM; kill -s TERM -- "-$me"' EXIT
+}
+
+step_unpack_and_check() {  # the bundle into releases/<id>.tmp, then the trainer's own check
+  local out rc l
+  say step unpack
+  head -c "$size" | release_unpack "$root" "$id" || fail $?
+  watch_caller "$me"
+  if [ "${#checker[@]}" -gt 0 ] && [ -f "$root/releases/$id.tmp/trainer/check.py" ]; then
+    say step check
+    out=$(cd -- "$root/releases/$id.tmp" && "${checker[@]}" </dev/null 2>&1); rc=$?
+    if [ "$rc" != 0 ]; then
+      rm -rf -- "$root/releases/$id.tmp"
+      while IFS= read -r l; do say check "$l"; done <<< "$out"
+      fail "$rc"
+    fi
+  fi
+}
+
+step_switch() {  # `current` → releases/<id> (rollback: only while it still is --expect)
+  say step switch
+  if [ -n "$expect" ] && [ "$(readlink -- "$root/current")" != "releases/$expect" ]; then
+    echo "current is no longer $expect (another command switched it); run again" >&2
+    fail 1
+  fi
+  names=$(release_switch "$root" "$id") || fail $?
+}
+
+step_prune() {  # keep the last --keep releases
+  local removed r
+  say step prune
+  mapfile -t names <<< "$names"
+  removed=$(release_prune "$root" "$keep" "$id" "${names[@]}") || fail $?
+  while IFS= read -r r; do [ -z "$r" ] || say removed "$r"; done <<< "$removed"
+}
+
+step_current() {  # restart: the release `current` points at
+  local current
+  say step current
+  current=$(readlink -- "$root/current") || fail $?
+  say current "${current##*/}"
+}
+
+step_stop() {
+  local line
+  say step stop
+  line=$(job_stop "$socket" "$session" "$ticks") || fail $?
+  [ -z "$line" ] || say stopped "$line"
+}
+
+step_archive() {  # the checkpoints into --archive-to
+  local out
+  [ -n "$dest" ] || return 0
+  say step archive
+  out=$(checkpoints_archive "$ckpt" "$dest") || fail $?
+  [ "$out" != moved ] || say archived "$dest"
+}
+
+step_start() {
+  local line
+  say step start
+  line=$(job_start "$socket" "$session" "$logdir" "${tmux_args[@]}") || fail $?
+  say started "$line"
+}
+
+site_main() {  # $1 the command, then its options
+  local command=$1
+  shift
+  parse_options "$@"
+  me=$BASHPID
+  trap 'exit 143' TERM HUP INT
+  trap 'trap "" TERM; kill -s TERM -- "-$me"' EXIT  # nothing we started outlives us
+  [ "$command" = deploy ] || watch_caller "$me"  # deploy: once the bundle is read
+  if [ "$command" = deploy ] && [ "${#probe[@]}" -gt 0 ]; then step_preflight; fi
+  step_lock
+  case $command in
+    deploy) step_unpack_and_check; step_switch; step_prune ;;
+    rollback) step_switch ;;
+    restart) step_current ;;
+  esac
+  step_stop
+  case $command in deploy | restart) step_archive ;; esac
+  [ "$command" = stop ] || step_start
+  say step 'done'
+}
+
+case ${1:-} in
+  deploy | restart | rollback | stop)
+    # The steps run as a job of their own (job control: their own process group), which
+    # `watch_caller` can end whole; this shell only waits for it and passes its status on.
+    # Job control goes off once the group exists, so bash prints no "[1]+ Exit N" notice.
+    set -m
+    site_main "$@" &
+    main=$!
+    set +m
+    wait "$main"
+    ;;
+  prune-run)
+    parse_options "${@:2}"
+    checkpoints_remove_run "$ckpt" "$run"
+    ;;
+  *) usage "unknown command ${1:-(none)}: deploy, restart, rollback, stop or prune-run" ;;
+esac

@@ -1,0 +1,349 @@
+"""`deploy.toml` → typed, validated settings, and the choice of target for one command.
+
+The file is found as `--config FILE`, else `$DFLASH_CONFIG`, else `./deploy.toml`. Every key is
+checked against the shape below; an unknown key or a wrong type is a `ConfigError` that names the
+key and the file, because a typo silently ignored is a multi-day run started with the wrong
+settings.
+
+    [target]            where the job runs when nothing else selects a target
+    [targets.NAME]      named targets (`--target NAME`), same fields as [target]
+    [job]               the tmux session, its log, environment, GPU split, optional command
+                        (`job_config.py`)
+    [train]             opaque to us: handed to the trainer as a TOML file
+
+Precedence for a target's fields: command-line flags > the selected target's fields > per-place
+defaults. Selection: `--target NAME` or `--host`, else the target last deployed from this folder
+(`.dflash/state.json`), else `[target]`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dflash_ops.connect import shell, ssh_names
+from dflash_ops.errors import ConfigError, UnsafeValue
+from dflash_ops.settings.job_config import JobConfig, job_config
+from dflash_ops.settings.toml_keys import INT, STR, TABLE, Schema, check_keys, type_error
+
+CONFIG_ENV = "DFLASH_CONFIG"
+DEFAULT_CONFIG_NAME = "deploy.toml"
+PLACES = ("local", "ssh", "proxmox")
+
+REMOTE_ROOT = "/root/dflash"
+REMOTE_CHECKPOINTS = "/workspace/checkpoints"
+REMOTE_PYTHON = "python3"
+LOCAL_DIR = ".dflash/local"  # relative to the config's folder
+
+
+_TARGET_KEYS: Schema = {
+    "place": STR,
+    "host": STR,
+    "user": STR,
+    "port": INT,
+    "ct": INT,
+    "root": STR,
+    "checkpoints": STR,
+    "python": STR,
+}
+_TOP_KEYS: Schema = {
+    "target": TABLE,
+    "targets": TABLE,
+    "job": TABLE,
+    "train": TABLE,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetFlags:
+    """What the command line said about the target; `None` means "not given"."""
+
+    target: str | None = None
+    host: str | None = None
+    user: str | None = None
+    port: int | None = None
+    ct: int | None = None
+
+    @property
+    def selects(self) -> bool:
+        """True when the flags choose a target by themselves (no need for the remembered one)."""
+        return self.target is not None or self.host is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TargetFlags:
+        known = {k: data[k] for k in ("target", "host", "user", "port", "ct") if k in data}
+        return cls(**known)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """A fully resolved place to run the job: every field has its final value."""
+
+    name: str
+    place: str  # "local" | "ssh" | "proxmox"
+    host: str | None = None
+    user: str | None = None
+    port: int | None = None
+    ct: int | None = None
+    root: str
+    checkpoints: str
+    python: str
+
+    @property
+    def remote(self) -> bool:
+        return self.place != "local"
+
+    def describe(self) -> str:
+        """Human words for where the job runs: "local", "gpu@box:2222", "ct 200 on pve"."""
+        if self.place == "local":
+            return "local"
+        host = f"{self.user}@{self.host}" if self.user else str(self.host)
+        if self.port is not None:
+            host += f":{self.port}"
+        return f"ct {self.ct} on {host}" if self.place == "proxmox" else host
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """One parsed `deploy.toml`. Targets stay raw tables until one is selected and resolved."""
+
+    path: Path
+    default_target: Mapping[str, Any]
+    targets: Mapping[str, Mapping[str, Any]]
+    job: JobConfig
+    train: Mapping[str, Any]
+
+    @property
+    def project_dir(self) -> Path:
+        """The config's folder: `trainer/` is bundled from here, `.dflash/` lives here."""
+        return self.path.parent
+
+
+DEFAULT_TARGET = "default"  # the name of [target]; `--target default` selects it
+
+
+def find_config(flag: str | Path | None, *, cwd: Path | None = None) -> Path:
+    """`--config FILE`, else `$DFLASH_CONFIG`, else `./deploy.toml`; it must exist."""
+    if flag is not None:
+        path, source = Path(flag), "--config"
+    elif os.environ.get(CONFIG_ENV):
+        path, source = Path(os.environ[CONFIG_ENV]), f"${CONFIG_ENV}"
+    else:
+        path, source = (cwd or Path.cwd()) / DEFAULT_CONFIG_NAME, "the current folder"
+    path = path.expanduser()
+    if not path.is_absolute():
+        path = (cwd or Path.cwd()) / path
+    if not path.is_file():
+        raise ConfigError(
+            f"No config file at {path} (from {source}).",
+            hint="Run dflash in the project folder (it has deploy.toml), pass --config FILE, "
+            "or write one with: dflash init",
+        )
+    return path.resolve()
+
+
+def load_config(path: Path) -> Config:
+    """Read and check one `deploy.toml`. Errors name the key and the file."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not valid TOML: {exc}.",
+            hint="Fix the syntax at that line (key = value, text in quotes, [table] headers), "
+            "or write a fresh file with: dflash init --force",
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"Cannot read {path}: {exc}.") from None
+    check_keys(raw, _TOP_KEYS, prefix="", path=path)
+    default_target = raw.get("target", {})
+    _check_target(default_target, prefix="target", path=path)
+    targets = raw.get("targets", {})
+    for name, table in targets.items():
+        if not isinstance(table, dict):
+            raise type_error(f"targets.{name}", table, "a table", path)
+        _check_target(table, prefix=f"targets.{name}", path=path)
+    job = job_config(raw.get("job", {}), path=path)
+    return Config(
+        path=path,
+        default_target=default_target,
+        targets=targets,
+        job=job,
+        train=raw.get("train", {}),
+    )
+
+
+def resolve_target(config: Config, flags: TargetFlags, *, remembered: TargetFlags | None) -> Target:
+    """Choose the target for this command and give every field its final value.
+
+    Flags that select a target (`--target`, `--host`) win; otherwise the target remembered from
+    the last deploy from this folder is used, with `--user`/`--port` still applied on top.
+    """
+    if flags.ct is not None and flags.host is None:
+        raise ConfigError(
+            "--ct needs --host: the container lives on a Proxmox node that must be named.",
+            hint="Name the node as well: --host <proxmox node> --ct <id> (or use --target NAME "
+            "with a [targets.NAME] table that sets both).",
+        )
+    chosen = flags
+    if not flags.selects and remembered is not None:
+        chosen = TargetFlags(
+            target=remembered.target,
+            host=remembered.host,
+            ct=remembered.ct,
+            user=flags.user if flags.user is not None else remembered.user,
+            port=flags.port if flags.port is not None else remembered.port,
+        )
+    table: Mapping[str, Any]
+    if chosen.target == DEFAULT_TARGET and DEFAULT_TARGET not in config.targets:
+        table, name = config.default_target, DEFAULT_TARGET  # --target default: [target]
+    elif chosen.target is not None:
+        if chosen.target not in config.targets:
+            raise _no_such_target(config, chosen.target, remembered=chosen is not flags)
+        table, name = config.targets[chosen.target], chosen.target
+    elif chosen.host is not None:
+        table, name = {}, chosen.host if chosen.ct is None else f"{chosen.host}/ct{chosen.ct}"
+    else:
+        table, name = config.default_target, DEFAULT_TARGET
+    fields = dict(table)
+    if fields.get("place", "local") == "local" and "host" not in fields and chosen.host is None:
+        for key in ("user", "port"):
+            if getattr(flags, key) is not None and key not in table:
+                raise ConfigError(
+                    f"--{key} is for SSH targets, but target {name!r} runs on this machine.",
+                    hint=f"Add --host HOST (or --target NAME of an ssh target), or drop --{key}.",
+                )
+    if chosen.host is not None:
+        fields["host"] = chosen.host
+        fields["place"] = "proxmox" if chosen.ct is not None else "ssh"
+        if chosen.ct is not None:
+            fields["ct"] = chosen.ct
+    for key in ("user", "port"):
+        value = getattr(chosen, key)
+        if value is not None:
+            fields[key] = value
+    return _finish_target(name, fields, config=config)
+
+
+def _no_such_target(config: Config, name: str, *, remembered: bool) -> ConfigError:
+    names = ", ".join([DEFAULT_TARGET, *sorted(config.targets)])
+    if remembered:
+        return ConfigError(
+            f"No target named {name!r} (remembered from the last deploy in .dflash/state.json) "
+            f"in {config.path}: it was removed.",
+            hint=f"Choose one with --target ({names}; {DEFAULT_TARGET} is [target]) or "
+            "--host HOST; the next deploy remembers it.",
+        )
+    known = ", ".join(sorted(config.targets)) or "none"
+    return ConfigError(
+        f"No target named {name!r} in {config.path}; known: {known}.",
+        hint=f"Add a [targets.{name}] table, or choose another with --target NAME "
+        f"({DEFAULT_TARGET} is [target]).",
+    )
+
+
+def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> Target:
+    """Apply per-place defaults and check the combination (the message names the key)."""
+    where = f"target {name!r} (from {config.path} and the command line)"
+    place = fields.get("place", "local")
+    if place not in PLACES:
+        raise ConfigError(
+            f"{where}: place = {place!r} is not one of {', '.join(PLACES)}.",
+            hint='Set place = "local", "ssh" or "proxmox".',
+        )
+    host, ct = fields.get("host"), fields.get("ct")
+    port, user = fields.get("port"), fields.get("user")
+    if place == "local":
+        for key in ("host", "ct", "user", "port"):
+            if fields.get(key) is not None:
+                raise ConfigError(
+                    f'{where}: {key!r} is set but place is "local".',
+                    hint=f'Remove {key!r}, or set place = "ssh" (or "proxmox").',
+                )
+        base = config.project_dir / LOCAL_DIR
+        root = _local_path(fields.get("root"), default=base, config=config)
+        checkpoints = _local_path(
+            fields.get("checkpoints"), default=Path(root) / "checkpoints", config=config
+        )
+        python = fields.get("python", sys.executable)
+    else:
+        if not host:
+            raise ConfigError(
+                f"{where}: place is {place!r} but no host is set.",
+                hint='Set host = "..." in the target\'s table, or pass --host.',
+            )
+        if place == "proxmox" and ct is None:
+            raise ConfigError(
+                f'{where}: place is "proxmox" but no container id (ct) is set.',
+                hint="Set ct = 200 in the target's table, or pass --ct.",
+            )
+        if place == "ssh" and ct is not None:
+            raise ConfigError(
+                f'{where}: ct = {ct} is set but place is "ssh".',
+                hint='Set place = "proxmox" to run inside the container, or remove ct.',
+            )
+        root = _remote_path("root", fields.get("root", REMOTE_ROOT), where)
+        checkpoints = _remote_path(
+            "checkpoints", fields.get("checkpoints", REMOTE_CHECKPOINTS), where
+        )
+        python = fields.get("python", REMOTE_PYTHON)
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"{where}: port = {port} is not a TCP port (1-65535).")
+    if ct is not None:
+        try:
+            ct = shell.container_id(ct)
+        except UnsafeValue as exc:
+            raise ConfigError(f"{where}: ct: {exc}") from None
+    if host is not None and (
+        host.startswith("-") or not host.strip() or any(c.isspace() for c in host)
+    ):
+        raise ConfigError(f"{where}: host = {host!r} is not a host name or address.")
+    if host is not None:  # OpenSSH's rule, before any ssh_config (Match exec) sees it
+        ssh_names.split_user_host(host, where=f"{where}: host")
+    if user is not None:
+        ssh_names.check_user(user, where=f"{where}: user")
+    if not python:
+        raise ConfigError(f"{where}: python is empty.", hint='Set python = "python3".')
+    return Target(
+        name=name,
+        place=place,
+        host=host,
+        user=user,
+        port=port,
+        ct=ct,
+        root=root,
+        checkpoints=checkpoints,
+        python=python,
+    )
+
+
+def _local_path(value: str | None, *, default: Path, config: Config) -> str:
+    path = default if value is None else Path(value).expanduser()
+    if not path.is_absolute():
+        path = config.project_dir / path
+    return shell.remote_path(os.path.normpath(path))
+
+
+def _remote_path(key: str, value: str, where: str) -> str:
+    try:
+        return shell.remote_path(value)
+    except UnsafeValue as exc:
+        raise ConfigError(
+            f"{where}: {key}: {exc}", hint=f"Set {key} to an absolute folder."
+        ) from None
+
+
+def _check_target(table: Mapping[str, Any], *, prefix: str, path: Path) -> None:
+    check_keys(table, _TARGET_KEYS, prefix=prefix, path=path)
+    place = table.get("place")
+    if place is not None and place not in PLACES:
+        raise ConfigError(
+            f"Key '{prefix}.place' in {path} must be one of {', '.join(PLACES)}, not {place!r}.",
+        )
