@@ -30,7 +30,7 @@ test: setup system-deps
 	$(BIN)/python -m pytest -q
 
 gpu-test: setup
-	$(BIN)/python -m pytest -q -m "gpu or gpu2" tests/gpu
+	$(BIN)/python -m pytest -q -m "gpu or gpu2" tests
 
 lint: setup system-deps
 	$(BIN)/ruff check .

@@ -19,7 +19,7 @@ fi
 $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0), "x", torch.cuda.device_count())'
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  $PY -m pytest -q -m "gpu or gpu2" tests/gpu 2>&1 | tee "$out/gpu-tests.log"
+  $PY -m pytest -q -m "gpu or gpu2" tests 2>&1 | tee "$out/gpu-tests.log"
   status=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

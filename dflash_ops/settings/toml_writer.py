@@ -2,7 +2,7 @@
 
 The standard library reads TOML (`tomllib`) but does not write it. The trainer's settings are
 plain data — strings, numbers, booleans, dates, arrays and nested tables — so a writer of a few
-dozen lines is enough, and `tests/test_config.py` proves that what it writes reads back equal.
+dozen lines is enough, and `tests/ops/test_config.py` proves that what it writes reads back equal.
 """
 
 from __future__ import annotations

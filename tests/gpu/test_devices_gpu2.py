@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from tests.test_loss import reference
+from tests.trainer.test_loss import reference
 from trainer.loss import IGNORE_INDEX, dflash_loss
 
 pytestmark = [

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from tests.test_loss import reference
+from tests.trainer.test_loss import reference
 from trainer.loss import IGNORE_INDEX, _logit_grad, _row_stats, dflash_loss
 
 pytestmark = [

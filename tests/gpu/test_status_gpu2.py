@@ -1,7 +1,7 @@
 """`dflash deploy` of a 1 target + 1 drafter split on two real GPUs (torchrun, NCCL, tmux on this
 machine), then `dflash status` as the user sees it: one row per GPU from the real `nvidia-smi`,
 each with the role and torch memory the trainer's ranks logged, and `dflash stop` leaving no
-process behind. The stand-in nvidia-smi of `tests/test_status_gpus.py` covers the same join on
+process behind. The stand-in nvidia-smi of `tests/ops/test_status_gpus.py` covers the same join on
 the CPU; this is the check against the real tool and a real split job."""
 
 from __future__ import annotations

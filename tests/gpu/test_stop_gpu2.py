@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from tests.test_split import assets as split_assets  # noqa: F401 (a fixture)
-from tests.test_stop import rows, split_stop_and_resume
+from tests.trainer.test_split import assets as split_assets  # noqa: F401 (a fixture)
+from tests.trainer.test_stop import rows, split_stop_and_resume
 
 pytestmark = pytest.mark.gpu2
 

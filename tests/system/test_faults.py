@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import REPO, Where, kill_tmux_server
-from tests.test_train import write_toml
+from tests.trainer.test_train import write_toml
 from trainer.checkpoint import find_resumable, verify
 
 

@@ -22,7 +22,7 @@ from trainer.config import DemoConfig
 from trainer.demo import ensure_demo_assets
 from trainer.segments import segments
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = {"num_samples": 32, "num_layers": 4, "prompt_len": 6, "gen_len": 26}
 TABLES = {
     "model": {"num_layers": 1, "block_size": 4, "num_target_layers": 2},

@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from tests.test_loss import reference
+from tests.trainer.test_loss import reference
 from trainer import smoke
 from trainer.attention import build_draft_mask
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_train import assets, tiny_config, write_toml  # noqa: F401 (a fixture)
+from tests.trainer.test_train import assets, tiny_config, write_toml  # noqa: F401 (a fixture)
 from trainer.metrics import truncate_rows
 from trainer.trainer import Trainer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_hand_torn_last_line_is_cut_not_parsed(tmp_path: Path) -> None:

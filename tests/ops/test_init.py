@@ -17,7 +17,7 @@ from dflash_ops.connect.transport import LocalTransport
 from dflash_ops.settings.deploy_config import TargetFlags, load_config, resolve_target
 from trainer.split_rule import default_target_gpus
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def dflash(

@@ -67,7 +67,7 @@ def test_resume_equals_uninterrupted(tmp_path, assets) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     return subprocess.run(
         [sys.executable, "-m", "trainer.train", *args],
         capture_output=True,

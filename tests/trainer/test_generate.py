@@ -24,7 +24,7 @@ from trainer.generate import main
 from trainer.shards import MANIFEST, ShardSamples, finished_shards
 from trainer.target import load_target
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO = DemoConfig(enabled=True, num_samples=8, num_layers=2, prompt_len=6, gen_len=8)
 
 

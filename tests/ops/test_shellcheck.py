@@ -15,7 +15,7 @@ import pytest
 
 from dflash_ops.remote import client, job
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHECKER = ROOT / "scripts" / "shellcheck-remote.py"
 needs_shellcheck = pytest.mark.skipif(
     shutil.which("shellcheck") is None, reason="shellcheck is not installed"

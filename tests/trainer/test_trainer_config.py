@@ -100,7 +100,7 @@ def test_hash_covers_model_and_data_only(tmp_path) -> None:
 def test_demo_alone_is_the_demo_config(tmp_path) -> None:
     from pathlib import Path
 
-    demo_toml = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "demo.toml"
+    demo_toml = Path(__file__).resolve().parents[2] / "trainer" / "configs" / "demo.toml"
     path = tmp_path / "deploy.toml"
     path.write_text("[train]\ndemo = true\n")
     assert load_config(path) == load_config(demo_toml)

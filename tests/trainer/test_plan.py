@@ -73,7 +73,7 @@ def test_report_names_the_default_split_beside_the_best() -> None:
 
 
 def test_plan_measures_a_tiny_config(tmp_path, capsys) -> None:
-    from tests.test_split import DEMO, write_config
+    from tests.trainer.test_split import DEMO, write_config
     from trainer.config import DemoConfig
     from trainer.demo import ensure_demo_assets
 

@@ -238,7 +238,7 @@ def test_container_place_over_local_pct(proxmox: Proxmox, monkeypatch: pytest.Mo
     proxmox.create(CT)
     monkeypatch.setenv("DFLASH_PCT_STATE", str(proxmox.state))
     monkeypatch.setenv(
-        "PATH", f"{Path(__file__).parent / 'fixtures' / 'pct_standin'}:/usr/bin:/bin"
+        "PATH", f"{Path(__file__).parents[1] / 'fixtures' / 'pct_standin'}:/usr/bin:/bin"
     )
     place = ContainerPlace(LocalTransport(), CT)
     place.ensure_ready()

@@ -20,7 +20,7 @@ from dflash_ops.connect.place import ContainerPlace, HostPlace
 from dflash_ops.connect.transport import LocalTransport, SSHTransport
 from dflash_ops.settings.deploy_config import TargetFlags, load_config, resolve_target
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable  # has torch: the job's python in every test
 
 

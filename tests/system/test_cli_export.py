@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import REPO, dflash, kill_tmux_server
-from tests.test_doctor import lend_python
+from tests.ops.test_doctor import lend_python
 from trainer.config import config_from_dict
 from trainer.export import export
 from trainer.trainer import Trainer

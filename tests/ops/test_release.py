@@ -221,7 +221,7 @@ def test_a_cpu_job_trains_on_the_cpu_on_a_gpu_machine(tmp_path: Path) -> None:
     the CPU (the trainer's own rule, run under the launch script)."""
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     text = (
         f"{sys.executable} -c 'from trainer.trainer import resolve_device; "
         'print(resolve_device("auto"))\''

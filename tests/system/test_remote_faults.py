@@ -7,7 +7,7 @@ stand-in, real tmux):
 - C: a lock whose recorded pids belong to another live process: taken over when the script it
   names is gone (a reused pid has another start time), refused naming the holder while it lives.
 
-Rerun: .venv/bin/python -m pytest -q tests/test_remote_faults.py
+Rerun: .venv/bin/python -m pytest -q tests/system/test_remote_faults.py
 """
 
 from __future__ import annotations

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_split import (
+from tests.trainer.test_split import (
     ROOT,
     finish,
     free_port,
     processes_with,
     write_config,
 )
-from tests.test_split import assets as split_assets  # noqa: F401 (a fixture)
-from tests.test_train import assets, tiny_config, write_toml  # noqa: F401 (a fixture)
+from tests.trainer.test_split import assets as split_assets  # noqa: F401 (a fixture)
+from tests.trainer.test_train import assets, tiny_config, write_toml  # noqa: F401 (a fixture)
 from trainer.checkpoint import find_resumable
 from trainer.config import load_config
 from trainer.trainer import Trainer

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.test_train import assets, tiny_config  # noqa: F401 (a fixture)
+from tests.trainer.test_train import assets, tiny_config  # noqa: F401 (a fixture)
 from trainer.checkpoint import RunFinished, ScheduleChanged, find_resumable
 from trainer.pipeline import lr_at
 from trainer.trainer import Trainer

@@ -25,7 +25,7 @@ from trainer.speculative import DFlashDrafter, evaluate
 from trainer.target import default_target_layers
 from trainer.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RAW = {
     "demo": {"enabled": True, "num_samples": 8, "num_layers": 4, "prompt_len": 6, "gen_len": 26},
     "model": {

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.cli_helpers import dflash
-from tests.test_evaluate_train import BLOCK, make_config
+from tests.trainer.test_evaluate_train import BLOCK, make_config
 from trainer.config import TrainConfigError, config_from_dict
 from trainer.curves import TrainingCurves, available
 from trainer.model import Drafter

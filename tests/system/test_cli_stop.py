@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from tests.cli_helpers import REPO, Where, dflash
-from tests.test_rollback import local  # noqa: F401 (a fixture)
-from tests.test_train import assets, write_toml  # noqa: F401 (a fixture)
+from tests.system.test_rollback import local  # noqa: F401 (a fixture)
+from tests.trainer.test_train import assets, write_toml  # noqa: F401 (a fixture)
 
 
 def trainer_job(where: Where, config: Path, steps: int, *, stop_timeout: float = 30) -> None:

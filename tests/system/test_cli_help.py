@@ -12,7 +12,7 @@ import typer
 
 from dflash_ops.cli import app
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _commands(group: object, prefix: tuple[str, ...] = ()) -> list[str]:

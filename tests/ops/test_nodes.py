@@ -18,7 +18,7 @@ from dflash_ops.remote.launch import TRAIN_CONFIG, LaunchPlan, render, trainer_a
 from dflash_ops.remote.release import new_release_id
 from dflash_ops.settings.deploy_config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def job(tmp_path: Path, text: str):
@@ -139,7 +139,7 @@ def test_launch_script_exports_the_node_count() -> None:
 def test_two_nodes_train_the_demo_on_the_cpu(tmp_path: Path) -> None:
     """Two launch.sh processes (one per "node", one process each: a target and a drafter) meet
     at 127.0.0.1 and train 4 steps; both exit 0 and the checkpoints and metrics are written."""
-    from tests.test_split import DEMO, free_port, write_config
+    from tests.trainer.test_split import DEMO, free_port, write_config
     from trainer.config import DemoConfig
     from trainer.demo import ensure_demo_assets
 
@@ -196,7 +196,7 @@ def test_deploy_writes_the_several_node_launch(tmp_path: Path) -> None:
     """`dflash deploy` builds its launch from the whole `[job]` table: nodes and rendezvous
     reach the release's launch.sh (the job then waits at the rendezvous for the other node)."""
     from tests.cli_helpers import dflash, kill_tmux_server
-    from tests.test_split import free_port
+    from tests.trainer.test_split import free_port
 
     project = tmp_path / "project"
     project.mkdir()

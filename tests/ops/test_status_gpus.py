@@ -25,7 +25,7 @@ from tests.cli_helpers import Where, kill_tmux_server
 from trainer.distributed import Roles
 from trainer.metrics import GIB, METRICS, RankStats, RoleMetrics, append_row
 
-STANDIN = Path(__file__).resolve().parent / "fixtures" / "nvidia_smi_standin"  # copied per test
+STANDIN = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia_smi_standin"  # copied per test
 STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # util %, MiB used, MiB total of physical GPUs 0…3 as the stand-in prints them
 SMI = [(87, 40312, 143771), (12, 20011, 143771), (99, 70000, 143771), ("[N/A]", 3, 143771)]

@@ -2,7 +2,7 @@
 not, and the demo config's first steps match the golden per-step losses.
 
 Regenerate the golden file after an intended numerical change:
-    DFLASH_REGEN_GOLDEN=1 python -m pytest -q tests/test_demo.py -k golden
+    DFLASH_REGEN_GOLDEN=1 python -m pytest -q tests/trainer/test_demo.py -k golden
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from trainer.demo import MARKER, ensure_demo_assets
 from trainer.target import load_target
 from trainer.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "assets" / "losses" / "demo.json"
 DEMO_TOML = ROOT / "trainer" / "configs" / "demo.toml"
 GOLDEN_STEPS = 5
