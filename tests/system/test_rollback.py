@@ -17,8 +17,8 @@ import pytest
 from dflash_ops.errors import ReleaseError
 from dflash_ops.remote.release import COMPLETE
 from tests.cli_helpers import REPO, Where, kill_tmux_server
-from tests.site_helpers import Site, site_fixture, tmux_socket_fixture  # noqa: F401
 from tests.ops.test_release import plan, push
+from tests.site_helpers import Site, site_fixture, tmux_socket_fixture  # noqa: F401
 
 
 @pytest.fixture
