@@ -11,6 +11,7 @@ from typing import Any
 from trainer.chat import DEFAULT_TEMPLATE, TemplateOptions, load_tokenizer, render
 from trainer.data import Sample
 from trainer.errors import TrainerError
+from trainer.formats import DataFileError, numbered_lines, parse_messages, parse_tokenized
 
 
 class PromptFileError(TrainerError, ValueError):
@@ -41,33 +42,36 @@ def load_prompts(
     (needs `tokenizer_dir`)."""
     prompts: list[list[int]] = []
     tokenizer = None
-    with open(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise PromptFileError(f"{where}: not JSON ({exc})") from exc
+    try:
+        lines = list(numbered_lines(Path(path)))
+    except DataFileError as exc:  # not UTF-8, unreadable: said without the data.path key
+        raise PromptFileError(str(exc).removeprefix(f"{exc.key}: ")) from exc
+    for lineno, text in lines:
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(text)
             if isinstance(row, dict) and "input_ids" in row:
-                mask = row.get("loss_mask", [0] * len(row["input_ids"]))
-                if len(mask) != len(row["input_ids"]):
-                    raise PromptFileError(f"{where}: input_ids and loss_mask differ in length")
-                prompt = prompt_of_sample(
-                    Sample([int(t) for t in row["input_ids"]], [bool(m) for m in mask])
-                )
-            elif isinstance(row, dict) and isinstance(row.get("messages"), list):
+                # no loss_mask: the whole line is the prompt
+                row.setdefault("loss_mask", [0] * len(row["input_ids"]))
+                prompt = prompt_of_sample(parse_tokenized(row))
+            elif isinstance(row, dict) and "messages" in row:
+                messages = parse_messages(row)
                 if tokenizer is None:
                     tokenizer = _tokenizer(tokenizer_dir, where)
-                prompt = _chat_prompt(tokenizer, row["messages"], template)
+                prompt = _chat_prompt(tokenizer, messages, template)
             else:
                 raise PromptFileError(f"{where}: expected input_ids or messages")
-            if not prompt:
-                raise PromptFileError(f"{where}: empty prompt (the first token is supervised)")
-            prompts.append(prompt)
-            if limit is not None and len(prompts) >= limit:
-                break
+        except json.JSONDecodeError as exc:
+            raise PromptFileError(f"{where}: not JSON ({exc})") from exc
+        except (ValueError, TypeError) as exc:
+            if isinstance(exc, PromptFileError):
+                raise
+            raise PromptFileError(f"{where}: {exc}") from exc
+        if not prompt:
+            raise PromptFileError(f"{where}: empty prompt (the first token is supervised)")
+        prompts.append(prompt)
+        if limit is not None and len(prompts) >= limit:
+            break
     if not prompts:
         raise PromptFileError(f"{path}: no prompts")
     return prompts

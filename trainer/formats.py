@@ -66,7 +66,8 @@ def parse_tokenized(row: Any) -> Sample:
     return Sample([int(i) for i in ids], [bool(m) for m in mask])
 
 
-def parse_chat(row: Any) -> list[dict[str, Any]]:
+def parse_messages(row: Any) -> list[dict[str, Any]]:
+    """A conversation: a non-empty list of turns, each with a string role and content."""
     messages = row["messages"]
     if not isinstance(messages, list) or not messages:
         raise ValueError("'messages' must be a non-empty list")
@@ -75,6 +76,12 @@ def parse_chat(row: Any) -> list[dict[str, Any]]:
             raise ValueError(f"messages[{i}] has no 'role'")
         if not isinstance(m.get("content"), str):
             raise ValueError(f"messages[{i}] ({m['role']}) has no string 'content'")
+    return messages
+
+
+def parse_chat(row: Any) -> list[dict[str, Any]]:
+    """A conversation to train on: it needs an assistant turn (what is supervised)."""
+    messages = parse_messages(row)
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError("no assistant turn: nothing to supervise")
     return messages

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -12,6 +13,14 @@ from dflash_ops.cli.options import ForceOption, TargetChoice, with_target
 from dflash_ops.commands import generate as generation
 
 app = typer.Typer()
+
+
+class Engine(StrEnum):
+    """`trainer.generate --engine` (trainer/decode.py)."""
+
+    auto = "auto"
+    static = "static"
+    dynamic = "dynamic"
 
 
 def _opt(flag: str, text: str, **kw: object) -> object:
@@ -33,6 +42,14 @@ def generate(
     ] = None,
     batch_size: Annotated[
         int | None, _opt("--batch-size", "Prompts decoded together per GPU (32).", min=1)
+    ] = None,
+    engine: Annotated[
+        Engine | None,
+        _opt(
+            "--engine",
+            "Decoding engine: static (a CUDA graph per step; auto picks it on CUDA where the "
+            "model allows) or dynamic (a growing cache, finished answers dropped).",
+        ),
     ] = None,
     temperature: Annotated[
         float | None, _opt("--temperature", "0: greedy (the default).", min=0.0)
@@ -73,7 +90,7 @@ def generate(
     """
     request = generation.GenerateRequest(
         prompts=tuple(prompts), out=out, max_new_tokens=max_new_tokens, batch_size=batch_size,
-        temperature=temperature, top_p=top_p, seed=seed, shard_size=shard_size, limit=limit,
+        engine=engine.value if engine else None, temperature=temperature, top_p=top_p, seed=seed, shard_size=shard_size, limit=limit,
         enable_thinking=thinking, strict=strict,
     )  # fmt: skip
     with workspace(ctx, where) as ws:

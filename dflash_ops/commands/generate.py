@@ -23,6 +23,7 @@ from dflash_ops.remote.launch import TRAIN_CONFIG
 _FLAGS = {
     "max_new_tokens": "--max-new-tokens",
     "batch_size": "--batch-size",
+    "engine": "--engine",
     "temperature": "--temperature",
     "top_p": "--top-p",
     "seed": "--seed",
@@ -37,6 +38,7 @@ class GenerateRequest:
     out: str  # the shard folder at the place
     max_new_tokens: int | None = None
     batch_size: int | None = None
+    engine: str | None = None  # trainer.decode's engine: auto, static or dynamic
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None

@@ -160,17 +160,28 @@ def _proxy_command(target: SSHTarget) -> paramiko.ProxyCommand:
 
 
 class _Watched:
-    """A socket (or channel, or proxy) that counts what it received: a peer that closed
-    before saying anything dropped the connection; one that spoke, but not SSH, is no sshd."""
+    """A socket (or channel, or proxy) that counts what it received and keeps its first bytes:
+    a peer that closed before saying anything dropped the connection; one that spoke, but no
+    SSH banner line, is no sshd (whether it then closed or reset the connection)."""
+
+    HEAD = 4096
 
     def __init__(self, sock: Any) -> None:
         self._sock = sock
         self.received = 0
+        self.head = b""
 
     def recv(self, size: int) -> bytes:
         data: bytes = self._sock.recv(size)
         self.received += len(data)
+        if len(self.head) < self.HEAD:
+            self.head += data[: self.HEAD - len(self.head)]
         return data
+
+    @property
+    def spoke_ssh(self) -> bool:
+        """An SSH banner line (`SSH-…`) is among what the peer sent first."""
+        return self.head.startswith(b"SSH-") or b"\nSSH-" in self.head
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
@@ -323,14 +334,14 @@ def _handshake(
     except (HostKeyUnknown, HostKeyChanged, HostKeyRevoked):
         raise
     except Exception as exc:
-        raise _failure(client, target, exc, sock.received, words.said, offered) from None
+        raise _failure(client, target, exc, sock, words.said, offered) from None
 
 
 def _failure(
     client: paramiko.SSHClient,
     target: SSHTarget,
     exc: Exception,
-    received: int,
+    sock: _Watched,
     said: list[str],
     offered: tuple[list[str], bool],
 ) -> ConnectionFailed:
@@ -338,13 +349,14 @@ def _failure(
     where = f"{target.hostname}:{target.port}"
     transport = client.get_transport()
     reason = str(exc) or type(exc).__name__
+    received = sock.received
     if said:  # the server ended it on purpose and said why
         return _refused(target, said[-1], offered)
     if isinstance(exc, TimeoutError) or "timed out" in reason:
         if received and "protocol banner" in reason:
             return NotAnSSHServer(f"{where} answered, but not as an SSH server ({reason})")
         return ConnectionFailed(f"Cannot connect to {where}: timed out ({reason})")
-    if "protocol banner" in reason and received and not _peer_closed(reason):
+    if "protocol banner" in reason and received and not (sock.spoke_ssh and _peer_closed(reason)):
         return NotAnSSHServer(f"{where} answered, but not as an SSH server ({reason})")
     if (
         "protocol banner" in reason

@@ -14,6 +14,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -65,6 +66,14 @@ def _reset(conn: socket.socket) -> None:
 
 def speaks_http(conn: socket.socket) -> None:
     conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+
+def speaks_http_then_resets(conn: socket.socket) -> None:
+    """An HTTP server that answers, then drops the connection with the client's SSH banner
+    unread (the kernel then resets it): what a busy web server on the port can do."""
+    speaks_http(conn)
+    time.sleep(0.5)  # the client has read the answer by now
+    _reset(conn)
 
 
 def closes_at_once(conn: socket.socket) -> None:
@@ -121,8 +130,9 @@ def _connect(port: int) -> None:
     SSHTransport("127.0.0.1", port=port).connect()
 
 
-def test_a_port_that_is_not_ssh(ssh_home: SSHHome) -> None:
-    with serve(speaks_http) as port, pytest.raises(NotAnSSHServer) as info:
+@pytest.mark.parametrize("server", [speaks_http, speaks_http_then_resets])
+def test_a_port_that_is_not_ssh(ssh_home: SSHHome, server: Handler) -> None:
+    with serve(server) as port, pytest.raises(NotAnSSHServer) as info:
         _connect(port)
     assert f"127.0.0.1:{port} answered, but not as an SSH server" in str(info.value)
     assert "port" in info.value.hint

@@ -40,7 +40,8 @@ def project(tmp_path: Path) -> Iterator[Path]:
 def test_generate_runs_as_the_job_and_a_restart_resumes(project: Path) -> None:
     out = project / "gen"
     started = dflash(project, "generate", "--prompts", str(project / "prompts.jsonl"),
-                     "--out", str(out), "--max-new-tokens", "6", "--shard-size", "2")  # fmt: skip
+                     "--out", str(out), "--max-new-tokens", "6", "--shard-size", "2",
+                     "--engine", "static")  # fmt: skip
     assert started.returncode == 0, started.stderr
     followed = dflash(project, "logs", "--follow", timeout=300)
     assert followed.returncode == 0, followed.stdout[-2000:]

@@ -160,6 +160,32 @@ def test_prompts_from_both_training_formats(tmp_path, target) -> None:
         load_prompts(bad)
 
 
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b'{"input_ids": [1, 2]}\n{"input_ids": [1, -2]}\n', r"p.jsonl:2: input_ids must be"),
+        (b'{"input_ids": [1, 2], "loss_mask": [0]}\n', r"p.jsonl:1: input_ids \(2\) and loss"),
+        (b'{"messages": [{"role": "user"}]}\n', r"p.jsonl:1: messages\[0\] \(user\) has no"),
+        (b'{"messages": "hi"}\n', r"p.jsonl:1: 'messages' must be a non-empty list"),
+        (b'{"text": "hi"}\n', r"p.jsonl:1: expected input_ids or messages"),
+        (b"{oops\n", r"p.jsonl:1: not JSON"),
+        (b"\xff\xfe\n", r"p.jsonl: not UTF-8 text"),
+        (b"\n\n", r"p.jsonl: no prompts"),
+    ],
+)
+def test_a_bad_prompt_line_is_named_with_the_training_formats_reasons(
+    tmp_path: Path, content: bytes, why: str
+) -> None:
+    """Prompt files are read by the training formats' own parsers (a line without loss_mask
+    is all prompt; a conversation may end without an assistant turn)."""
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(PromptFileError, match=why):
+        load_prompts(path)
+    path.write_bytes(b'{"input_ids": [3, 4]}\n')
+    assert load_prompts(path) == [[3, 4]]
+
+
 # ---- prompt lookup beside the drafter ---------------------------------------------------------
 
 
