@@ -127,7 +127,7 @@ def static_unsupported(model: nn.Module) -> str | None:
     kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:
         return f"its layers are not all full attention ({', '.join(sorted(kinds))})"
-    impl = getattr(config, "_attn_implementation", None) or "sdpa"
+    impl = _attention(model)
     if impl not in ("sdpa", "eager"):
         return f"attention implementation {impl!r} (sdpa or eager needed)"
     return None
@@ -147,7 +147,7 @@ def _decode_static(
     from transformers import StaticCache
 
     device = next(model.parameters()).device
-    ids, attn = _left_padded(prompts, pad_id, device)
+    ids, attn, pos = _left_padded(prompts, pad_id, device)
     b, width = ids.shape
     columns = width + max_new_tokens
     config: Any = model.config
@@ -162,7 +162,6 @@ def _decode_static(
     # a padding position sees itself: no row of the table is empty (an empty row's softmax is
     # NaN, and a NaN key or value poisons every row that masks it out)
     prefill_mask |= torch.eye(width, columns, dtype=torch.bool, device=device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
     out = model(
         input_ids=ids, attention_mask=as_mask(prefill_mask), position_ids=pos, use_cache=True,
         logits_to_keep=1, **kv,
@@ -231,25 +230,31 @@ class _Replay:
 def _mask_format(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """A boolean (True: attend) table as the model's attention takes it: as is for `sdpa`, as
     0 / the dtype's lowest value to add to the scores for `eager`."""
-    impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
-    if impl == "sdpa":
+    if _attention(model) == "sdpa":
         return lambda table: table
     dtype = next(model.parameters()).dtype
     low = torch.finfo(dtype).min
     return lambda table: torch.where(table, 0.0, low).to(dtype)
 
 
+def _attention(model: nn.Module) -> str:
+    """The model's attention implementation (`sdpa` when its config does not say)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
+
+
 def _left_padded(
     prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, attention mask), both (b, width) long: prompts right-aligned after `pad_id`s."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, attention mask, position ids), each (b, width) long: prompts right-aligned after
+    `pad_id`s; positions count real tokens only, so a padded row computes what it would alone."""
     b, width = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((b, width), pad_id, dtype=torch.long)
     attn = torch.zeros((b, width), dtype=torch.long)
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
         attn[i, width - len(p) :] = 1
-    return ids.to(device), attn.to(device)
+    ids, attn = ids.to(device), attn.to(device)
+    return ids, attn, (attn.cumsum(-1) - 1).clamp(min=0)
 
 
 @torch.no_grad()
@@ -267,8 +272,7 @@ def _decode_dynamic(
 
     device = next(model.parameters()).device
     b = len(prompts)
-    ids, attn = _left_padded(prompts, pad_id, device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (b, width)
+    ids, attn, pos = _left_padded(prompts, pad_id, device)
     cache = DynamicCache()
     kv = {_cache_kwarg(model): cache}
     out = model(
