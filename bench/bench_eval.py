@@ -216,14 +216,15 @@ def write_prompts(path: Path, prompts: torch.Tensor) -> None:
 
 
 def training_samples(args: argparse.Namespace, stream: torch.Tensor, device: torch.device) -> Any:
-    """The drafter's training data (the one place to swap the source). `--train-data`: a file or
-    folder `trainer.data.load_samples` reads, made with this benchmark's target (`--reuse-target`);
-    otherwise `trainer.generate` (the command users run) answers random windows of the training
-    files with the saved target, greedily, into token shards, as many as the largest point."""
+    """The drafter's training data (the one place to swap the source). `--train-data`: files or
+    folders `trainer.data.load_samples` reads, made with this benchmark's target
+    (`--reuse-target`); otherwise `trainer.generate` (the command users run) answers random
+    windows of the training files with the saved target, once per `--gen-temperatures` entry
+    (0: greedy), into token shards. Several sources are interleaved, so that the first N samples
+    of every point hold each source in equal parts."""
     if args.train_data:
-        return load_samples(args.train_data, max_len=args.prompt_len + args.gen_len)
-    from trainer.generate import main as generate
-
+        max_len = args.prompt_len + args.gen_len
+        return interleave([load_samples(path, max_len=max_len) for path in args.train_data])
     work = Path(args.work)
     prompts = work / "generate-prompts.jsonl"
     prompts.write_text(
@@ -238,18 +239,39 @@ def training_samples(args: argparse.Namespace, stream: torch.Tensor, device: tor
         f"[data]\nmax_len = {args.prompt_len + args.gen_len}\n"
         f'[run]\ndevice = "{device.type}"\nthreads = {1 if args.smoke else 0}\n'
     )
-    out = work / "generated"
+    return interleave(
+        [generated(args, config, prompts, temperature) for temperature in args.gen_temperatures]
+    )
+
+
+def generated(args: argparse.Namespace, config: Path, prompts: Path, temperature: float) -> Any:
+    """The target's answers to `prompts` at `temperature` (0: greedy), made by `trainer.generate`
+    into `--work/generated` (greedy) or `--work/generated-t<temperature>`."""
+    from trainer.generate import main as generate
+
+    name = "generated" if temperature == 0 else f"generated-t{temperature:g}"
+    out = Path(args.work) / name
     shutil.rmtree(out, ignore_errors=True)  # the target was trained anew: its answers are too
+    sampling = ["--temperature", str(temperature), "--seed", "1"] if temperature else []
     code = generate(
         [
             "--config", str(config), "--prompts", str(prompts), "--out", str(out),
             "--max-new-tokens", str(args.gen_len), "--batch-size", str(args.gen_batch),
-            "--shard-size", "4096", "--log-every", "30",
+            "--shard-size", "4096", "--log-every", "30", *sampling,
         ]
     )  # fmt: skip
     if code != 0:
         raise SystemExit(f"trainer.generate failed with exit code {code}")
     return load_samples(out)
+
+
+def interleave(sources: list[Any]) -> Any:
+    """One source as it is; several → a list taking one sample from each in turn (the longer
+    ones' tails last)."""
+    if len(sources) == 1:
+        return sources[0]
+    longest = max(len(s) for s in sources)
+    return [s[i] for i in range(longest) for s in sources if i < len(s)]
 
 
 # ---- evaluation ----------------------------------------------------------------------------------
@@ -324,6 +346,7 @@ def drafter_config(
                 "target": str(work / "target"),
                 "num_layers": args.drafter_layers,
                 "block_size": args.block_size,
+                "target_layers": args.feature_layers,
             },
             "data": {
                 "path": str(data),
@@ -334,6 +357,7 @@ def drafter_config(
                 "noise": 0.02,
             },
             "optim": {"lr": args.drafter_lr, "warmup_steps": max(1, steps // 20)},
+            "loss": {"kl_weight": args.kl_weight},
             "run": {
                 "steps": steps,
                 "device": device.type,
@@ -479,6 +503,13 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
     write_prompts(work / "prompts.jsonl", eval_prompts)
     timings["data_s"] = time.perf_counter() - t0
     log(f"training data: {len(samples):,} samples")
+    if args.prepare_only:
+        return {
+            "mode": "prepare",
+            "target": target_info,
+            "samples": len(samples),
+            "timings_s": timings,
+        }
 
     t0 = time.perf_counter()
     steps, step_s = drafter_steps(args, samples, device)
@@ -496,8 +527,10 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "mode": "smoke" if args.smoke else "gpu",
         "target": target_info,
-        "training_data": args.train_data
-        or "trainer.generate: greedy answers to training-file windows",
+        "training_data": ", ".join(args.train_data or [])
+        or "trainer.generate: answers to training-file windows at temperatures "
+        + ", ".join(f"{t:g}" for t in args.gen_temperatures),
+        "recipe": recipe(args),
         "baselines": {"prompt_lookup": held["prompt_lookup"]},
         "points": [],
         "drafter_step_s": step_s,
@@ -511,6 +544,15 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("samples", "epochs", "held_out", "baselines", "train_prompts", "drafter"):
         result[key] = last[key]
     return result
+
+
+def recipe(args: argparse.Namespace) -> dict[str, Any]:
+    """The drafter's recipe as run, for telling runs apart."""
+    keys = (
+        "drafter_layers", "block_size", "drafter_batch", "anchors", "drafter_lr", "kl_weight",
+        "feature_layers", "gen_temperatures",
+    )  # fmt: skip
+    return {key: getattr(args, key) for key in keys}
 
 
 def save_partial(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -582,9 +624,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--train-data",
+        type=paths,
         default=None,
-        help="train on this tokenized data (made with the --reuse-target target) instead of "
-        "generating it here",
+        help="train on these files or shard folders, comma-separated (made with the "
+        "--reuse-target target) instead of generating data here",
+    )
+    p.add_argument(
+        "--gen-temperatures",
+        type=temperatures,
+        default=[0.0],
+        help="one generated data set per temperature, interleaved (0: greedy), e.g. 0,0.8",
+    )
+    p.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="stop once the target, the training data and the evaluation prompts are in --work",
     )
     p.add_argument(
         "--reuse-target", action="store_true", help="reuse the target saved in --work/target"
@@ -597,6 +651,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drafter-batch", type=int, default=128)
     p.add_argument("--anchors", type=int, default=64)
     p.add_argument("--drafter-lr", type=float, default=2e-3)
+    p.add_argument(
+        "--feature-layers",
+        type=layer_list,
+        default=None,
+        help="the target layers the drafter reads, e.g. 1,2,4,5,6 (default: the trainer's)",
+    )
+    p.add_argument("--kl-weight", type=float, default=0.15, help="loss.kl_weight")
     p.add_argument(
         "--drafter-steps", type=int, default=0, help="steps per point (0: --drafter-seconds)"
     )
@@ -643,6 +704,35 @@ def sample_counts(text: str) -> list[int]:
     if not counts or counts[0] < 1:
         raise argparse.ArgumentTypeError(f"expected positive counts like 2048,20480, got {text!r}")
     return counts
+
+
+def paths(text: str) -> list[str]:
+    found = [part.strip() for part in text.split(",") if part.strip()]
+    if not found:
+        raise argparse.ArgumentTypeError(f"expected paths like a.jsonl,shards/, got {text!r}")
+    return found
+
+
+def temperatures(text: str) -> list[float]:
+    try:
+        found = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        found = []
+    if not found or any(t < 0 for t in found) or len(set(found)) != len(found):
+        raise argparse.ArgumentTypeError(
+            f"expected distinct temperatures ≥ 0 like 0,0.8, got {text!r}"
+        )
+    return found
+
+
+def layer_list(text: str) -> list[int]:
+    try:
+        found = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        found = []
+    if not found or any(i < 0 for i in found):
+        raise argparse.ArgumentTypeError(f"expected layer indices ≥ 0 like 1,3,5, got {text!r}")
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

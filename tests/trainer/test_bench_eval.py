@@ -1,6 +1,7 @@
 """`bench/bench_eval.py --smoke` on the CPU: a tiny target trained on standard-library sources,
 two drafter points, each with held-out τ, prompt lookup's τ, training-prompt τ, samples and
-epochs; then the same target reused with training data given from outside (`--train-data`)."""
+epochs, on greedy and sampled answers interleaved; then the same target reused with training data
+given from outside (`--train-data`, several sources), and `--prepare-only`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import REPO
+from trainer.data import load_samples
 
 SCRIPT = REPO / "bench" / "bench_eval.py"
 BLOCK = 4  # the smoke drafter's block size
@@ -39,9 +41,17 @@ def check_point(point: dict, *, samples: int, steps: int, batch: int = 4) -> Non
 
 def test_smoke_points_and_train_data(tmp_path: Path) -> None:
     work, out = tmp_path / "work", tmp_path / "eval.json"
-    run = bench("--work", str(work), "--out", str(out))
+    run = bench("--work", str(work), "--out", str(out), "--gen-temperatures", "0,1")
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
+    assert result["recipe"]["gen_temperatures"] == [0.0, 1.0]
+    assert "temperatures 0, 1" in result["training_data"]
+    greedy, sampled = load_samples(work / "generated"), load_samples(work / "generated-t1")
+    assert len(greedy) == len(sampled) == 16  # one answer per prompt and temperature
+    # the first 8 samples trained on alternate between the two sources
+    trained = [json.loads(line)["input_ids"] for line in (work / "train-8.jsonl").open()]
+    assert trained == [s.input_ids for i in range(4) for s in (greedy[i], sampled[i])]
+    assert any(greedy[i].input_ids != sampled[i].input_ids for i in range(16))
     assert [p["samples"] for p in result["points"]] == [8, 16]
     # every point trains the steps that fit the time budget at the measured step time
     steps = max(1, int(0.3 / result["drafter_step_s"]))
@@ -57,18 +67,29 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
 
     data = tmp_path / "data.jsonl"  # data made elsewhere with the same target
     shutil.copy(work / "train-8.jsonl", data)
+    sources = f"{data},{work / 'generated-t1'}"
     again = bench(
-        "--work", str(work), "--out", str(out), "--reuse-target", "--train-data", str(data),
-        "--drafter-steps", "4",
+        "--work", str(work), "--out", str(out), "--reuse-target", "--train-data", sources,
+        "--drafter-steps", "4", "--feature-layers", "0", "--kl-weight", "0.5",
     )  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     reused = json.loads(out.read_text())
-    assert reused["training_data"] == str(data) and reused["target"] == {
-        "reused": str(work / "target")
-    }
-    assert [p["samples"] for p in reused["points"]] == [8]  # no more than there are
+    assert reused["training_data"] == sources.replace(",", ", ")
+    assert reused["target"] == {"reused": str(work / "target")}
+    assert reused["recipe"]["feature_layers"] == [0] and reused["recipe"]["kl_weight"] == 0.5
+    assert [p["samples"] for p in reused["points"]] == [8, 16]  # of 8 + 16 given
     check_point(reused["points"][0], samples=8, steps=4)
     assert reused["baselines"]["prompt_lookup"]["tau"] == lookup["tau"]  # same target, prompts
 
+    prepared = bench(
+        "--work", str(work), "--out", str(out), "--reuse-target", "--train-data", str(data),
+        "--prepare-only",
+    )  # fmt: skip
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    assert json.loads(out.read_text())["mode"] == "prepare"
+    assert "prompt lookup" not in prepared.stdout  # stopped before the baseline
+
     refused = bench("--work", str(work), "--train-data", str(data))
     assert refused.returncode == 2 and "--train-data needs --reuse-target" in refused.stderr
+    bad = bench("--work", str(work), "--gen-temperatures", "0,0")
+    assert bad.returncode == 2 and "distinct temperatures" in bad.stderr

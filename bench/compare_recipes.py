@@ -1,0 +1,113 @@
+"""Drafter recipes side by side on one target and one set of data, on one GPU.
+
+    python bench/compare_recipes.py --work /tmp/recipes --out results/ \\
+        --prepare "--samples 49152 --gen-temperatures 0,0.8" \\
+        --recipe "layers6: --feature-layers 1,2,4,5,6 --train-data {work}/generated" \\
+        --recipe "mix: --feature-layers 1,2,4,5,6 --train-data {work}/generated,{work}/generated-t0.8"
+
+First `bench_eval.py --prepare-only` trains the target and generates the data into `--work`
+(its arguments from `--prepare`); then every recipe runs as its own `bench_eval.py
+--reuse-target` process, all at once (a drafter step leaves most of an H200 idle, so recipes
+that share it finish together far sooner than one after another), each in its own work folder
+beside the shared target, and writes `<out>/<name>.json`. `{work}` in a recipe is `--work`. The
+τ figures do not depend on the sharing; the step times and the training seconds do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench" / "bench_eval.py"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def parse_recipe(text: str) -> tuple[str, str]:
+    name, sep, rest = text.partition(":")
+    name = name.strip()
+    if not sep or not name.replace("-", "").replace("_", "").isalnum():
+        raise argparse.ArgumentTypeError(f"expected 'name: --option value …', got {text!r}")
+    return name, rest
+
+
+def prepare(args: argparse.Namespace, work: Path) -> None:
+    """The target and the data, once, in `work`."""
+    argv = [sys.executable, str(BENCH), "--work", str(work), "--prepare-only"]
+    argv += ["--out", str(work / "prepare.json"), *shlex.split(args.prepare)]
+    log("prepare: " + shlex.join(argv[1:]))
+    with (work / "prepare.log").open("w") as out:
+        code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise SystemExit(f"prepare failed ({code}): see {work / 'prepare.log'}")
+
+
+def start(name: str, options: str, work: Path, out: Path) -> subprocess.Popen[bytes]:
+    """One recipe's `bench_eval.py --reuse-target` in `work/<name>` (the target linked in)."""
+    folder = work / name
+    folder.mkdir(exist_ok=True)
+    link = folder / "target"
+    if not link.exists():
+        link.symlink_to(work / "target", target_is_directory=True)
+    argv = [sys.executable, str(BENCH), "--work", str(folder), "--reuse-target"]
+    argv += ["--out", str(out / f"{name}.json")]
+    argv += shlex.split(options.replace("{work}", str(work)))
+    log(f"{name}: " + shlex.join(argv[1:]))
+    log_file = (out / f"{name}.log").open("w")
+    return subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)
+
+
+def summary(out: Path, names: list[str]) -> list[str]:
+    rows = ["| recipe | samples | steps | epochs | held-out τ | prompt lookup τ | training-prompt τ |"]
+    rows.append("| --- | --- | --- | --- | --- | --- | --- |")
+    for name in names:
+        path = out / f"{name}.json"
+        if not path.is_file():
+            rows.append(f"| {name} | (no result) | | | | | |")
+            continue
+        result = json.loads(path.read_text())
+        for point in result.get("points", []):
+            rows.append(
+                f"| {name} | {point['samples']:,} | {point['drafter']['steps']:,} "
+                f"| {point['epochs']:.1f} | {point['held_out']['tau']:.2f} "
+                f"| {point['baselines']['prompt_lookup']['tau']:.2f} "
+                f"| {point['train_prompts']['tau']:.2f} |"
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--work", required=True, help="the shared target and data")
+    p.add_argument("--out", required=True, help="folder for <recipe>.json and .log")
+    p.add_argument("--prepare", default="", help="bench_eval.py arguments of the preparation")
+    p.add_argument("--skip-prepare", action="store_true", help="the target and data exist")
+    p.add_argument("--recipe", type=parse_recipe, action="append", required=True)
+    args = p.parse_args(argv)
+    work, out = Path(args.work).resolve(), Path(args.out).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    if len({name for name, _ in args.recipe}) != len(args.recipe):
+        p.error("recipe names must differ")
+    if not args.skip_prepare:
+        prepare(args, work)
+    procs = {name: start(name, options, work, out) for name, options in args.recipe}
+    failed = [name for name, proc in procs.items() if proc.wait() != 0]
+    rows = summary(out, list(procs))
+    (out / "summary.md").write_text("\n".join(rows) + "\n")
+    print("\n".join(rows))
+    if failed:
+        log(f"failed: {', '.join(failed)} (see their logs in {out})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
