@@ -116,6 +116,41 @@ def build_ms(build, device, args) -> float:
     return time_ms(build, device, warmup=args.warmup, reps=args.reps)
 
 
+def flash_row(attention, block_mask, leaves, grad, device, args) -> dict[str, Any]:
+    """Raw compiled flex over the same BlockMask with FlexAttention's CuTe-DSL backend
+    (flash-attn-4): the row says why when this torch or flash-attn cannot run it."""
+    name = "raw torch.compile(flex_attention), BACKEND='FLASH'"
+    options = {"BACKEND": "FLASH"}
+    step = fwd_bwd(
+        lambda q, k, v: attention(q, k, v, block_mask=block_mask, kernel_options=options),
+        leaves,
+        grad,
+    )
+    try:
+        row = measure(name, step, device, args)
+        row["note"] = agreement(attention, block_mask, options, leaves, grad)
+        return row
+    except Exception as exc:  # an experimental backend that fails is a result
+        return {"implementation": name, "note": f"failed: {type(exc).__name__}: {exc}"[:600]}
+
+
+def agreement(attention, block_mask, options, leaves, grad) -> str:
+    """Largest relative error of the output and of dq, dk, dv: `options`' kernel against the
+    default (Triton) kernel on the same inputs."""
+
+    def run(kernel_options):
+        q, k, v = (t.detach().clone().requires_grad_(True) for t in leaves)
+        out = attention(q, k, v, block_mask=block_mask, kernel_options=kernel_options)
+        out.backward(grad)
+        return [out.detach(), q.grad, k.grad, v.grad]
+
+    errors = [
+        float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+        for a, b in zip(run(options), run(None), strict=True)
+    ]
+    return "rel. error vs Triton out/dq/dk/dv " + " ".join(f"{e:.1e}" for e in errors)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the results as JSON here")
@@ -123,6 +158,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no-sdpa", action="store_true", help="skip the dense SDPA row")
+    parser.add_argument(
+        "--flash",
+        action="store_true",
+        help="add raw flex rows with BACKEND='FLASH' (needs flash-attn-4 and nvidia-cutlass-dsl)",
+    )
     args = parser.parse_args()
 
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
@@ -205,6 +245,8 @@ def main() -> None:
         rows.append(
             {"implementation": "create_block_mask, not compiled", "mask build ms": eager_ms}
         )
+        if args.flash:
+            rows.append(flash_row(raw_attention, block_mask, leaves, grad, device, args))
     else:
         rows.append(
             {
