@@ -208,6 +208,27 @@ def main() -> None:
             )
         )
 
+    if flex_ok and args.flash:  # the CuTe-DSL backend, as the trainer calls it
+        try:
+            flash = build_draft_mask(
+                anchors, valid, s, b, backend="flex", num_heads=shape.heads, kernel_preset="flash"
+            )
+            rows.append(
+                measure(
+                    "draft_attention (flex, flash kernels)",
+                    fwd_bwd(lambda q, k, v: draft_attention(q, k, v, flash), leaves, grad),
+                    device,
+                    args,
+                )
+            )
+        except Exception as exc:  # not installed, or not this GPU: the row says so
+            rows.append(
+                {
+                    "implementation": "draft_attention (flex, flash kernels)",
+                    "note": f"failed: {type(exc).__name__}: {exc}"[:600],
+                }
+            )
+
     # Raw compiled flex over a hand-built BlockMask: the figure to match.
     if flex_ok:
         raw_attention = torch.compile(flex_attention)
@@ -306,6 +327,10 @@ def main() -> None:
     )
     if raw and ours.get("fwd+bwd ms"):
         summary["ours / raw flex"] = ours["fwd+bwd ms"] / raw["fwd+bwd ms"]
+    flash_ours = next((r for r in rows if "flash kernels" in r["implementation"]), None)
+    if flash_ours and flash_ours.get("fwd+bwd ms") and density is not None:
+        summary["flash kernels: fraction of floor"] = floor_ms / flash_ours["fwd+bwd ms"]
+        summary["ours / flash kernels"] = ours["fwd+bwd ms"] / flash_ours["fwd+bwd ms"]
     small_row = next((r for r in rows if "small kernels" in r["implementation"]), None)
     if small_row and small_row.get("fwd+bwd ms") and ours.get("fwd+bwd ms"):
         summary["small kernels / ours"] = small_row["fwd+bwd ms"] / ours["fwd+bwd ms"]

@@ -66,7 +66,9 @@ def start(name: str, options: str, work: Path, out: Path) -> subprocess.Popen[by
 
 
 def summary(out: Path, names: list[str]) -> list[str]:
-    rows = ["| recipe | samples | steps | epochs | held-out τ | prompt lookup τ | training-prompt τ |"]
+    rows = [
+        "| recipe | samples | steps | epochs | held-out τ | prompt lookup τ | training-prompt τ |"
+    ]
     rows.append("| --- | --- | --- | --- | --- | --- | --- |")
     for name in names:
         path = out / f"{name}.json"

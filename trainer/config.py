@@ -162,7 +162,8 @@ class RunConfig:
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:N"
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
     compile: bool | None = None  # compile the drafter's layers; None: on CUDA only
-    # FlexAttention tile sizes: "auto" (by the GPU's shared memory), "large", "small" (~100 KiB GPUs)
+    # FlexAttention kernels: "auto" (tiles by the GPU's shared memory), "large", "small" (~100 KiB
+    # GPUs), "flash" (the CuTe-DSL backend of flash-attn-4, Hopper and newer, when installed)
     attention_kernels: str = "auto"
     tensorboard: bool = True  # event files in <out>/tensorboard (when tensorboard is installed)
     extend: bool = False  # resume even though the lr schedule changed (e.g. run.steps raised)
@@ -179,10 +180,10 @@ class RunConfig:
         _positive("run.keep_last", self.keep_last)
         if self.threads < 0:
             raise TrainConfigError("run.threads", "must be ≥ 0")
-        if self.attention_kernels not in ("auto", "large", "small"):
+        if self.attention_kernels not in ("auto", "large", "small", "flash"):
             raise TrainConfigError(
                 "run.attention_kernels",
-                f"'{self.attention_kernels}' is not auto, large or small",
+                f"'{self.attention_kernels}' is not auto, large, small or flash",
             )
         if self.device != "auto" and not (
             self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")

@@ -8,7 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.attention import SMALL_KERNEL_OPTIONS, build_draft_mask, draft_attention, flex_kernels
+from trainer.attention import (
+    FLASH_KERNEL_OPTIONS,
+    SMALL_KERNEL_OPTIONS,
+    build_draft_mask,
+    draft_attention,
+    flex_kernels,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -17,6 +23,20 @@ pytestmark = [
 
 GIB = float(1 << 30)
 RAW_FLEX_PEAK_GIB = 1.76  # anchors/h200.md: compiled flex fwd+bwd at 32,768 × 81,920
+
+
+def flash_installed() -> bool:
+    try:
+        import flash_attn.cute  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+FLASH = pytest.param(
+    "flash",
+    marks=pytest.mark.skipif(not flash_installed(), reason="needs flash-attn-4 on Hopper+"),
+)
 
 
 def layout(seed, bsz, n, s, *, invalid=0.1):
@@ -59,9 +79,10 @@ SHAPES = {
 # windows: the served per-slot rule (slot k sees positions ≥ anchor + k − (W − 1)) with W
 # shorter than a block (the bound cuts into the block too), a little longer, and long.
 @pytest.mark.parametrize("window,causal", [(None, False), (7, True), (40, True), (512, True)])
-@pytest.mark.parametrize("preset", ["auto", "small"])
+@pytest.mark.parametrize("preset", ["auto", "small", FLASH])
 def test_compiled_flex_matches_sdpa_forward_and_backward(name, window, causal, preset):
-    """Both kernel presets: the device's own and the tiles that fit ~100 KiB GPUs (forced)."""
+    """Every kernel preset: the device's own, the tiles that fit ~100 KiB GPUs (forced), and
+    the CuTe-DSL backend where flash-attn-4 is installed."""
     bsz, n, b, s, heads, kv_heads, hd = SHAPES[name]
     anchors, valid = layout(0, bsz, n, s)
     q, k, v = inputs(1, bsz, heads, kv_heads, n * b, s + n * b, hd)
@@ -69,6 +90,7 @@ def test_compiled_flex_matches_sdpa_forward_and_backward(name, window, causal, p
     opts = dict(window=window, causal_in_block=causal, num_heads=heads)
     flex_mask = build_draft_mask(anchors, valid, s, b, backend="flex", kernel_preset=preset, **opts)
     assert (flex_mask.options == SMALL_KERNEL_OPTIONS) == (preset == "small")
+    assert (flex_mask.options == FLASH_KERNEL_OPTIONS) == (preset == "flash")
     sdpa_mask = build_draft_mask(anchors, valid, s, b, backend="sdpa", dense_budget_gib=64, **opts)
 
     flex_out, flex_grads = run(q, k, v, flex_mask, grad)

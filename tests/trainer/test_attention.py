@@ -11,6 +11,7 @@ from trainer.attention import (
     FlexKernels,
     bucket_length,
     build_draft_mask,
+    check_flash_backend,
     compile_errors_as_typed,
     draft_attention,
     flex_kernels,
@@ -194,6 +195,22 @@ def test_kernel_options_refuse_an_unknown_preset_and_are_none_on_the_cpu():
     assert kernel_options(torch.device("cpu"), "small") is None
     with pytest.raises(TrainConfigError, match="run.attention_kernels"):
         RunConfig(attention_kernels="huge")
+
+
+def test_flash_kernels_are_refused_with_what_to_do_where_they_cannot_run():
+    """Before Hopper the message names the GPU; without flash-attn-4 it names the packages."""
+    with pytest.raises(AttentionBackendUnavailable, match="compute capability 9.0") as old:
+        check_flash_backend((8, 9))
+    assert 'run.attention_kernels = "auto"' in old.value.hint
+    try:
+        import flash_attn.cute  # noqa: F401
+    except ImportError:
+        with pytest.raises(AttentionBackendUnavailable, match="flash-attn-4") as missing:
+            check_flash_backend((9, 0))
+        assert "pip install flash-attn-4 nvidia-cutlass-dsl" in missing.value.hint
+    else:
+        check_flash_backend((9, 0))
+    assert RunConfig(attention_kernels="flash").attention_kernels == "flash"
 
 
 def test_out_of_resource_compile_errors_name_the_setting_that_fixes_them():
