@@ -15,7 +15,12 @@ PY=${PYTHON:-python3}
 if compgen -G ".whl/*.whl" >/dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/dflash-site .whl/*.whl \
     && export PYTHONPATH=/tmp/dflash-site${PYTHONPATH:+:$PYTHONPATH}
+  # nvidia-cutlass-dsl puts its modules on the path with a .pth file, which --target skips
+  dsl=/tmp/dflash-site/nvidia_cutlass_dsl/dsl_packages
+  [ -d "$dsl" ] && export PYTHONPATH=$PYTHONPATH:$dsl
 fi
+flash=()  # FlexAttention's CuTe-DSL rows, where flash-attn-4 imports
+$PY -c 'import flash_attn.cute' 2>/dev/null && flash=(--flash)
 $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0), "x", torch.cuda.device_count())'
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
@@ -25,7 +30,9 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   for name in bench_attention bench_loss bench_eval bench_pipeline bench_generate; do  # bench_cli is CPU-only
     b=bench/$name.py
-    $PY "$b" --out "$out/$name.json" 2>&1 | tee "$out/$name.log"
+    extra=()
+    [ "$name" = bench_attention ] && extra=("${flash[@]}")
+    $PY "$b" "${extra[@]}" --out "$out/$name.json" 2>&1 | tee "$out/$name.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi

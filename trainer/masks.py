@@ -116,35 +116,48 @@ def dense_mask(
 
 
 # --- FlexAttention mask_mods -------------------------------------------------------------------
-# Small factories, each closing over the batch's tensors and returning a mask_mod. The query's
-# block index is clamped to N−1 because FlexAttention may evaluate mask_mod on the padding of
-# the last 128-row tile; those rows are cut off after the kernel and only need a safe index.
+# Small factories, each closing over the batch's tensors and returning a mask_mod. Everything a
+# mask_mod reads that varies between batches is a tensor indexed by the batch row, never a
+# Python number: dynamo turns a varying number into a symbol, which FlexAttention's CuTe-DSL
+# backend cannot take. The kernels evaluate mask_mod on whole query tiles, past Q = N·B on the
+# last one: the per-block tensors are padded with invalid blocks up to `QUERY_TILE_PAD` rows, so
+# those rows index safely (and see nothing; they are cut off after the kernel).
+
+QUERY_TILE_PAD = 256  # the largest query tile of the kernels (Triton 128, CuTe DSL up to 256)
 
 
-def _block_of(q_idx: Tensor, block_size: int, n_blocks: int) -> Tensor:
-    return torch.clamp(q_idx // block_size, max=n_blocks - 1)
+def padded_blocks(t: Tensor, block_size: int, fill: int | bool) -> Tensor:
+    """`t` (Bsz, N) extended along N with `fill` to cover every row of the last query tile."""
+    n = t.shape[1]
+    rows = -(-n * block_size // QUERY_TILE_PAD) * QUERY_TILE_PAD
+    need = -(-rows // block_size)
+    if need <= n:
+        return t
+    pad = torch.full((t.shape[0], need - n), fill, dtype=t.dtype, device=t.device)
+    return torch.cat([t, pad], dim=1)
 
 
 def valid_block_mask_mod(valid: Tensor, block_size: int) -> MaskMod:
     """Rows of an invalid block (valid[b, n] False) see nothing. `valid`: (Bsz, N) bool."""
-    n_blocks = valid.shape[1]
+    padded = padded_blocks(valid, block_size, False)
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return valid[b, _block_of(q_idx, block_size, n_blocks)]
+        return padded[b, q_idx // block_size]
 
     return mask_mod
 
 
 def context_mask_mod(
-    anchors: Tensor, context_len: int, block_size: int, *, window: int | None = None
+    anchors: Tensor, context_lens: Tensor, block_size: int, *, window: int | None = None
 ) -> MaskMod:
     """Context keys strictly before the block's anchor (and, with a window W, at or after
-    `anchor + k − (W − 1)` for slot k: the window ends at the slot's own position)."""
-    n_blocks = anchors.shape[1]
+    `anchor + k − (W − 1)` for slot k: the window ends at the slot's own position).
+    `context_lens`: (Bsz,) the padded context length S of every row."""
+    padded = padded_blocks(anchors, block_size, 0)
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        start = anchors[b, _block_of(q_idx, block_size, n_blocks)]
-        seen = (kv_idx < context_len) & (kv_idx < start)
+        start = padded[b, q_idx // block_size]
+        seen = (kv_idx < context_lens[b]) & (kv_idx < start)
         if window is not None:
             seen = seen & (kv_idx >= start + q_idx % block_size - (window - 1))
         return seen
@@ -153,17 +166,17 @@ def context_mask_mod(
 
 
 def own_block_mask_mod(
-    context_len: int,
+    context_lens: Tensor,
     block_size: int,
     *,
     causal_in_block: bool = False,
     window: int | None = None,
 ) -> MaskMod:
     """Block keys of the query's own block (all slots, or slots `<= k` when causal; with a
-    window W, slots `>= k − (W − 1)`)."""
+    window W, slots `>= k − (W − 1)`). `context_lens`: (Bsz,) as in `context_mask_mod`."""
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        key = kv_idx - context_len  # negative for context keys
+        key = kv_idx - context_lens[b]  # negative for context keys
         same = (key >= 0) & (key // block_size == q_idx // block_size)
         if causal_in_block:
             same = same & (key % block_size <= q_idx % block_size)
@@ -185,10 +198,13 @@ def draft_mask_mod(
 ) -> MaskMod:
     """The whole DFlash mask for a batch: valid ∧ (context ∨ own block). `anchors`, `valid`: (Bsz, N)."""
     _check_layout(anchors, valid, context_len, block_size)
+    context_lens = torch.full(
+        (anchors.shape[0],), context_len, dtype=anchors.dtype, device=anchors.device
+    )
     is_valid = valid_block_mask_mod(valid, block_size)
-    ctx = context_mask_mod(anchors, context_len, block_size, window=window)
+    ctx = context_mask_mod(anchors, context_lens, block_size, window=window)
     own = own_block_mask_mod(
-        context_len, block_size, causal_in_block=causal_in_block, window=window
+        context_lens, block_size, causal_in_block=causal_in_block, window=window
     )
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

@@ -116,12 +116,18 @@ def test_mask_mod_agrees_with_dense_mask(window, causal, block_size):
         assert torch.equal(got[i], want)
 
 
-def test_mask_mod_is_safe_on_padded_query_rows():
-    # FlexAttention pads queries to its tile size; those rows must index anchors safely.
-    anchors, valid = random_layout(0, 2, 3, 20)
-    mod = draft_mask_mod(anchors, valid, 20, 4)
-    got = create_mask(mod, 2, None, 128, 160, device="cpu")
-    assert got.shape == (2, 1, 128, 160)
+@pytest.mark.parametrize("tile,block_size", [(128, 4), (256, 4), (256, 5)])
+def test_mask_mod_is_safe_on_padded_query_rows(tile, block_size):
+    """The kernels evaluate whole query tiles (Triton 128 rows, the CuTe-DSL backend up to 256):
+    rows past N·B index the padded block tensors safely and see nothing."""
+    n, s = 3, 20
+    anchors, valid = random_layout(0, 2, n, s)
+    mod = draft_mask_mod(anchors, valid, s, block_size)
+    got = create_mask(mod, 2, None, tile, tile + s, device="cpu")
+    assert got.shape == (2, 1, tile, tile + s)
+    assert not got[:, :, n * block_size :].any()
+    real = create_mask(mod, 2, None, n * block_size, s + n * block_size, device="cpu")
+    assert torch.equal(got[:, :, : n * block_size, : s + n * block_size], real)
 
 
 def test_shapes_are_checked():
