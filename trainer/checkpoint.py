@@ -79,12 +79,11 @@ class RunFinished(TrainerError):
 class CheckpointWriteFailed(TrainerError):
     """A checkpoint could not be written (disk full, permissions); earlier ones are intact."""
 
-    exit_code = 1  # as any other full disk (docs/reliability.md)
+    exit_code = 1  # the machine's failure, as any other full disk (docs/reliability.md)
 
     hint = (
         "Free space or fix permissions in the run folder; training resumes from the last good one."
     )
-    exit_code = 1  # the machine's failure, as an OSError elsewhere in a run
 
 
 @dataclass(frozen=True, kw_only=True)
