@@ -3,7 +3,8 @@ training prompts, beside prompt lookup on the same target and prompts.
 
     python bench/bench_eval.py                            # one H200; writes bench/results/h200-eval.json
     python bench/bench_eval.py --samples 65536 --out eval.json        # one point (< 10 min)
-    python bench/bench_eval.py --reuse-target --train-data DIR        # data made elsewhere
+    python bench/bench_eval.py --reuse-target --train-data DIR,DIR2   # data made elsewhere
+    python bench/bench_eval.py --gen-temperatures 0,0.8 --prepare-only # target + data, then stop
     python bench/bench_eval.py --smoke --out /tmp/e.json  # tiny, CPU, checks the path
     python bench/bench_eval.py --demo-cpu --out demo.json # the demo drafter (trainer/configs/demo.toml)
 
@@ -12,12 +13,14 @@ GPU run, in order:
    file: every `--holdout-every`-th file is held out (never trained on, by the target or the
    drafter) and gives the evaluation prompts;
 2. a byte-level BPE tokenizer trained on the corpus with `tokenizers`;
-3. a Qwen3-shaped target (8 layers, hidden 768) trained from scratch for a fixed time budget on the
-   training files, so that its greedy continuations are code-like rather than random, saved with
-   `save_pretrained` (`--reuse-target`: the one a previous run saved in `--work`);
+3. a Qwen3-shaped target (8 layers, hidden 768) trained from scratch for a fixed number of steps
+   (`--target-steps`) on the training files, so that its greedy continuations are code-like
+   rather than random, saved with `save_pretrained` (`--reuse-target`: the one a previous run saved in `--work`);
 4. training data (`training_samples`, the one function that picks the source): `trainer.generate`
-   (what users run) answers windows of the training files with the saved target, greedily, into
-   token shards supervised on the answers; or `--train-data`, data made with the same target;
+   (what users run) answers windows of the training files with the saved target, greedily (or
+   once per `--gen-temperatures` entry, the sets interleaved), into token shards supervised on
+   the answers; or `--train-data`, data made with the same target; `--prepare-only` stops here
+   (`bench/compare_recipes.py` then trains several recipes on the result);
 5. prompt lookup (n-gram drafting, n = `--lookup-max-n`…1) on the held-out prompts, once (the
    target is fixed), with the target in fp32 (so that the lossless check is not at the mercy of
    bf16 rounding between forwards of different lengths);
@@ -150,8 +153,10 @@ def windows(stream: torch.Tensor, count: int, length: int, *, seed: int) -> torc
 def train_target(
     stream: torch.Tensor, tokenizer: Any, args: argparse.Namespace, device: torch.device
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """A Qwen3-shaped causal LM trained from scratch for `args.target_seconds` (AdamW, bf16
-    autocast on CUDA, warmup then cosine over the time budget)."""
+    """A Qwen3-shaped causal LM trained from scratch for `args.target_steps` steps, or for
+    `args.target_seconds` when that is 0 (AdamW, bf16 autocast on CUDA, warmup then cosine over
+    the steps or the time). A step count gives the same target on every run and GPU; a time
+    budget does not (its step count moves with the machine's speed and load)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     h = args.target_hidden
@@ -179,8 +184,11 @@ def train_target(
     seq, bsz, warmup = args.target_seq, args.target_batch, 50
     start, step, losses = time.perf_counter(), 0, []
     while True:
-        frac = (time.perf_counter() - start) / args.target_seconds
-        if frac >= 1 or (args.target_steps and step >= args.target_steps):
+        if args.target_steps:
+            frac = step / args.target_steps
+        else:
+            frac = (time.perf_counter() - start) / args.target_seconds
+        if frac >= 1:
             break
         lr = min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for group in opt.param_groups:
@@ -614,8 +622,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target-seq", type=int, default=512)
     p.add_argument("--target-batch", type=int, default=32)
     p.add_argument("--target-lr", type=float, default=1e-3)
-    p.add_argument("--target-seconds", type=float, default=90.0)
-    p.add_argument("--target-steps", type=int, default=0, help="stop earlier (0: time only)")
+    p.add_argument(
+        "--target-steps",
+        type=int,
+        default=1750,
+        help="target training steps (1,750: what 90 s gave on an H200); 0: --target-seconds",
+    )
+    p.add_argument(
+        "--target-seconds", type=float, default=90.0, help="the time budget when --target-steps 0"
+    )
     p.add_argument(
         "--samples",
         type=sample_counts,

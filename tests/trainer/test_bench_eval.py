@@ -45,6 +45,7 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["recipe"]["gen_temperatures"] == [0.0, 1.0]
+    assert result["target"]["steps"] == 20  # a step count, not a time budget: the same target
     assert "temperatures 0, 1" in result["training_data"]
     greedy, sampled = load_samples(work / "generated"), load_samples(work / "generated-t1")
     assert len(greedy) == len(sampled) == 16  # one answer per prompt and temperature
