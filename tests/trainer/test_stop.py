@@ -196,7 +196,9 @@ def split_stop_and_resume(
 
 @pytest.mark.slow
 def test_split_stop_repeats_the_colocated_losses(tmp_path, split_assets) -> None:  # noqa: F811
-    steps = 10
+    # enough steps that the stop, sent after 2 rows, lands mid-run even when a loaded machine
+    # delivers the signal a second late (10 steps could all finish first)
+    steps = 30
     out, n, ranks = split_stop_and_resume(tmp_path, split_assets, procs=2, targets=1, steps=steps)
     trained = [i for r in ranks if r["role"] == "drafter" for i in r["indices"]]
     assert trained == list(range(steps))  # each batch once, in order, across the stop
@@ -208,7 +210,7 @@ def test_split_stop_repeats_the_colocated_losses(tmp_path, split_assets) -> None
 
 @pytest.mark.slow
 def test_split_stop_two_drafters_agree_on_the_step(tmp_path, split_assets) -> None:  # noqa: F811
-    steps = 8
+    steps = 24  # as above: the stop lands mid-run
     out, n, ranks = split_stop_and_resume(tmp_path, split_assets, procs=3, targets=1, steps=steps)
     trained = sorted(i for r in ranks if r["role"] == "drafter" for i in r["indices"])
     assert trained == list(range(steps * 2))  # nothing lost or trained twice across the stop
