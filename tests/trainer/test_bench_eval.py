@@ -94,3 +94,39 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
     assert refused.returncode == 2 and "--train-data needs --reuse-target" in refused.stderr
     bad = bench("--work", str(work), "--gen-temperatures", "0,0")
     assert bad.returncode == 2 and "distinct temperatures" in bad.stderr
+
+
+COMPARE = REPO / "bench" / "compare_recipes.py"
+
+
+def test_recipes_side_by_side_share_one_target_and_data(tmp_path: Path) -> None:
+    """`compare_recipes.py`: one preparation, then every recipe's own run on it, at once."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, str(COMPARE), "--work", str(work), "--out", str(out),
+         "--prepare", "--smoke --gen-temperatures 0,1",
+         "--recipe", "greedy: --smoke --drafter-steps 2 --train-data {work}/generated",
+         "--recipe", "mixed: --smoke --drafter-steps 2 --kl-weight 0.5 "
+                     "--train-data {work}/generated,{work}/generated-t1"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    greedy, mixed = (json.loads((out / f"{n}.json").read_text()) for n in ("greedy", "mixed"))
+    # one target for both: the same prompt lookup figure on the same prompts
+    assert greedy["target"] == {"reused": str(work / "greedy" / "target")}
+    assert (work / "greedy" / "target").resolve() == (work / "target").resolve()
+    lookups = [{k: v for k, v in r["baselines"]["prompt_lookup"].items() if k != "seconds"}
+               for r in (greedy, mixed)]  # fmt: skip
+    assert lookups[0] == lookups[1]
+    assert greedy["training_data"] == str(work / "generated")
+    assert mixed["recipe"]["kl_weight"] == 0.5 and greedy["recipe"]["kl_weight"] == 0.15
+    table = (out / "summary.md").read_text().splitlines()
+    assert table[0].startswith("| recipe | samples |") and len(table) == 2 + 2 + 2  # 2 points each
+    assert table[2].startswith("| greedy | 8 | 2 |") and table[4].startswith("| mixed | 8 | 2 |")
+
+    bad = subprocess.run(
+        [sys.executable, str(COMPARE), "--work", str(work), "--out", str(out), "--skip-prepare",
+         "--recipe", "a: --smoke", "--recipe", "a: --smoke"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "recipe names must differ" in bad.stderr
