@@ -131,7 +131,12 @@ def flash_row(attention, block_mask, leaves, grad, device, args) -> dict[str, An
         row["note"] = agreement(attention, block_mask, options, leaves, grad)
         return row
     except Exception as exc:  # an experimental backend that fails is a result
-        return {"implementation": name, "note": f"failed: {type(exc).__name__}: {exc}"[:600]}
+        return failed_row(name, exc)
+
+
+def failed_row(name: str, exc: Exception) -> dict[str, Any]:
+    """A row for a kernel that could not run here, with the reason (cut to 600 characters)."""
+    return {"implementation": name, "note": f"failed: {type(exc).__name__}: {exc}"[:600]}
 
 
 def agreement(attention, block_mask, options, leaves, grad) -> str:
@@ -222,12 +227,7 @@ def main() -> None:
                 )
             )
         except Exception as exc:  # not installed, or not this GPU: the row says so
-            rows.append(
-                {
-                    "implementation": "draft_attention (flex, flash kernels)",
-                    "note": f"failed: {type(exc).__name__}: {exc}"[:600],
-                }
-            )
+            rows.append(failed_row("draft_attention (flex, flash kernels)", exc))
 
     # Raw compiled flex over a hand-built BlockMask: the figure to match.
     if flex_ok:

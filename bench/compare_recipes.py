@@ -61,8 +61,8 @@ def start(name: str, options: str, work: Path, out: Path) -> subprocess.Popen[by
     argv += ["--out", str(out / f"{name}.json")]
     argv += shlex.split(options.replace("{work}", str(work)))
     log(f"{name}: " + shlex.join(argv[1:]))
-    log_file = (out / f"{name}.log").open("w")
-    return subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)
+    with (out / f"{name}.log").open("w") as log_file:  # the child keeps its own copy
+        return subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)
 
 
 def summary(out: Path, names: list[str]) -> list[str]:

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from trainer.config import ATTENTION_KERNELS
 from trainer.errors import (
     AttentionBackendUnavailable,
     AttentionKernelsTooLarge,
@@ -63,7 +64,7 @@ DEFAULT_DENSE_BUDGET_GIB = 4.0
 RECOMPILE_LIMIT = 64
 _GIB = float(1 << 30)
 
-KERNEL_PRESETS = ("auto", "large", "small", "flash")
+KERNEL_PRESETS = ATTENTION_KERNELS  # one list: the setting's check reads it too
 # Shared memory per block the default (large) flex kernels use at head dim 128, bf16 (H200).
 LARGE_KERNELS_SHARED_BYTES = 166_400
 # Tiles that fit 80 KiB of shared memory (81,920 B measured), forward and backward.

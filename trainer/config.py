@@ -24,6 +24,9 @@ from trainer.typed_settings import flatten as _flatten
 from trainer.typed_settings import parse_override as _parse_override
 from trainer.typed_settings import positive as _positive
 
+# `run.attention_kernels`: the FlexAttention kernel presets (`trainer.attention.kernel_options`)
+ATTENTION_KERNELS = ("auto", "large", "small", "flash")
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
@@ -180,10 +183,11 @@ class RunConfig:
         _positive("run.keep_last", self.keep_last)
         if self.threads < 0:
             raise TrainConfigError("run.threads", "must be ≥ 0")
-        if self.attention_kernels not in ("auto", "large", "small", "flash"):
+        if self.attention_kernels not in ATTENTION_KERNELS:
             raise TrainConfigError(
                 "run.attention_kernels",
-                f"'{self.attention_kernels}' is not auto, large, small or flash",
+                f"'{self.attention_kernels}' is not {', '.join(ATTENTION_KERNELS[:-1])} or "
+                f"{ATTENTION_KERNELS[-1]}",
             )
         if self.device != "auto" and not (
             self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")
