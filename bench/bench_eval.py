@@ -15,7 +15,8 @@ GPU run, in order:
 2. a byte-level BPE tokenizer trained on the corpus with `tokenizers`;
 3. a Qwen3-shaped target (8 layers, hidden 768) trained from scratch for a fixed number of steps
    (`--target-steps`) on the training files, so that its greedy continuations are code-like
-   rather than random, saved with `save_pretrained` (`--reuse-target`: the one a previous run saved in `--work`);
+   rather than random, saved with `save_pretrained` (`--reuse-target`: the one a previous run
+   saved in `--work`);
 4. training data (`training_samples`, the one function that picks the source): `trainer.generate`
    (what users run) answers windows of the training files with the saved target, greedily (or
    once per `--gen-temperatures` entry, the sets interleaved), into token shards supervised on
@@ -59,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from trainer.config import config_from_dict, load_config  # noqa: E402
+from trainer.config import LossConfig, config_from_dict, load_config  # noqa: E402
 from trainer.data import Sample, load_samples, write_samples  # noqa: E402
 from trainer.eval_prompts import prompt_of_sample  # noqa: E402
 from trainer.evaluate import load_drafter  # noqa: E402
@@ -672,7 +673,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the target layers the drafter reads, e.g. 1,2,4,5,6 (default: the trainer's)",
     )
-    p.add_argument("--kl-weight", type=float, default=0.15, help="loss.kl_weight")
+    p.add_argument("--kl-weight", type=float, default=LossConfig().kl_weight, help="loss.kl_weight")
     p.add_argument(
         "--drafter-steps", type=int, default=0, help="steps per point (0: --drafter-seconds)"
     )
