@@ -19,8 +19,9 @@ GPU run, in order:
    saved in `--work`);
 4. training data (`training_samples`, the one function that picks the source): `trainer.generate`
    (what users run) answers windows of the training files with the saved target, greedily (or
-   once per `--gen-temperatures` entry, the sets interleaved), into token shards supervised on
-   the answers; or `--train-data`, data made with the same target; `--prepare-only` stops here
+   once per `--gen-temperatures` entry, the sets interleaved; `--gen-sampled-prefix N`: a
+   temperature samples the first N tokens only, then the answer is greedy), into token shards
+   supervised on the answers; or `--train-data`, data made with the same target; `--prepare-only` stops here
    (`bench/compare_recipes.py` then trains several recipes on the result);
 5. prompt lookup (n-gram drafting, n = `--lookup-max-n`…1) on the held-out prompts, once (the
    target is fixed), with the target in fp32 (so that the lossless check is not at the mercy of
@@ -254,14 +255,16 @@ def training_samples(args: argparse.Namespace, stream: torch.Tensor, device: tor
 
 
 def generated(args: argparse.Namespace, config: Path, prompts: Path, temperature: float) -> Any:
-    """The target's answers to `prompts` at `temperature` (0: greedy), made by `trainer.generate`
-    into `--work/generated` (greedy) or `--work/generated-t<temperature>`."""
+    """The target's answers to `prompts` at `temperature` (0: greedy; with
+    `--gen-sampled-prefix N`, only N tokens sampled, then the greedy answer), made by
+    `trainer.generate` into `--work/<generated_name>`."""
     from trainer.generate import main as generate
 
-    name = "generated" if temperature == 0 else f"generated-t{temperature:g}"
-    out = Path(args.work) / name
+    out = Path(args.work) / generated_name(temperature, args.gen_sampled_prefix)
     shutil.rmtree(out, ignore_errors=True)  # the target was trained anew: its answers are too
     sampling = ["--temperature", str(temperature), "--seed", "1"] if temperature else []
+    if temperature and args.gen_sampled_prefix:
+        sampling += ["--sampled-prefix", str(args.gen_sampled_prefix)]
     code = generate(
         [
             "--config", str(config), "--prompts", str(prompts), "--out", str(out),
@@ -272,6 +275,14 @@ def generated(args: argparse.Namespace, config: Path, prompts: Path, temperature
     if code != 0:
         raise SystemExit(f"trainer.generate failed with exit code {code}")
     return load_samples(out)
+
+
+def generated_name(temperature: float, sampled_prefix: int) -> str:
+    """`generated` (greedy), `generated-t0.8` (sampled), `generated-t1-p16` (16 tokens sampled
+    at 1, then greedy)."""
+    if temperature == 0:
+        return "generated"
+    return f"generated-t{temperature:g}" + (f"-p{sampled_prefix}" if sampled_prefix else "")
 
 
 def interleave(sources: list[Any]) -> Any:
@@ -538,7 +549,8 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
         "target": target_info,
         "training_data": ", ".join(args.train_data or [])
         or "trainer.generate: answers to training-file windows at temperatures "
-        + ", ".join(f"{t:g}" for t in args.gen_temperatures),
+        + ", ".join(f"{t:g}" for t in args.gen_temperatures)
+        + (f" (sampled prefix {args.gen_sampled_prefix})" if args.gen_sampled_prefix else ""),
         "recipe": recipe(args),
         "baselines": {"prompt_lookup": held["prompt_lookup"]},
         "points": [],
@@ -559,7 +571,7 @@ def recipe(args: argparse.Namespace) -> dict[str, Any]:
     """The drafter's recipe as run, for telling runs apart."""
     keys = (
         "drafter_layers", "block_size", "drafter_batch", "anchors", "drafter_lr", "kl_weight",
-        "feature_layers", "gen_temperatures",
+        "feature_layers", "gen_temperatures", "gen_sampled_prefix",
     )  # fmt: skip
     return {key: getattr(args, key) for key in keys}
 
@@ -650,6 +662,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=temperatures,
         default=[0.0],
         help="one generated data set per temperature, interleaved (0: greedy), e.g. 0,0.8",
+    )
+    p.add_argument(
+        "--gen-sampled-prefix",
+        type=int,
+        default=0,
+        metavar="N",
+        help="a temperature > 0 samples only the first N answer tokens (then greedy: "
+        "trainer.generate --sampled-prefix)",
     )
     p.add_argument(
         "--prepare-only",

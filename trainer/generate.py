@@ -13,8 +13,9 @@ Steps, in order (every rank does the same and agrees without talking):
 3. compare with the manifest in `--out` when there is one: other settings or prompts are
    refused (a new `--out`, or remove it), the same ones resume — finished shards are skipped;
 4. rank r of W generates shards r, r+W, …: prompts rendered (chat template with the generation
-   prompt), batched by length, decoded (`trainer.decode`), each shard written atomically
-   (`trainer.shards`): a shard file that exists is complete;
+   prompt), batched by length, decoded (`trainer.decode`; with `--sampled-prefix N`, N tokens
+   sampled first, then the greedy answer), each shard written atomically (`trainer.shards`): a
+   shard file that exists is complete;
 5. rank 0 waits for every shard, then writes the manifest's counts and `complete: true`.
 """
 
@@ -54,6 +55,7 @@ class GenerateSettings:
     enable_thinking: bool | None = None
     shard_size: int = 1024
     max_prompt_len: int = 0  # 0: data.max_len − max_new_tokens
+    sampled_prefix: int = 0  # first N answer tokens sampled (they join the prompt), then greedy
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 2:
@@ -66,6 +68,17 @@ class GenerateSettings:
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise GenerateError(
                 "--temperature must be ≥ 0 and --top-p in (0, 1]", hint="Fix the sampling flags."
+            )
+        if self.sampled_prefix and self.temperature == 0:
+            raise GenerateError(
+                "--sampled-prefix samples at --temperature, which is 0 (greedy)",
+                hint="Pass --temperature (e.g. 1.0) with --sampled-prefix, or drop it.",
+            )
+        if not 0 <= self.sampled_prefix <= self.max_new_tokens - 2:
+            raise GenerateError(
+                f"--sampled-prefix must be in 0…{self.max_new_tokens - 2} (--max-new-tokens − 2: "
+                f"the greedy answer after it needs two tokens), got {self.sampled_prefix}",
+                hint="Lower --sampled-prefix or raise --max-new-tokens.",
             )
 
 
@@ -87,6 +100,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument(
+        "--sampled-prefix",
+        type=int,
+        default=0,
+        metavar="N",
+        help="sample only the first N answer tokens (at --temperature; they join the prompt, "
+        "unsupervised), then answer greedily: greedy answers from contexts the target would not "
+        "have written itself (within --max-new-tokens)",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampling seed (mixed with the shard)")
     think = p.add_mutually_exclusive_group()
     think.add_argument(
@@ -111,6 +133,7 @@ def settings_of(args: argparse.Namespace) -> GenerateSettings:
         enable_thinking=args.enable_thinking,
         shard_size=args.shard_size,
         max_prompt_len=args.max_prompt_len,
+        sampled_prefix=args.sampled_prefix,
     )
 
 
@@ -119,16 +142,19 @@ def plan_manifest(
 ) -> dict[str, Any]:
     """The manifest as written before generating: what every shard depends on."""
     num_shards = -(-len(scan.refs) // settings.shard_size)
+    sampling: dict[str, Any] = {
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "seed": settings.seed,
+        "greedy": settings.temperature == 0 or settings.sampled_prefix > 0,  # the answers
+    }
+    if settings.sampled_prefix:  # absent otherwise: older manifests resume as before
+        sampling["sampled_prefix"] = settings.sampled_prefix
     return {
         "format": "dflash-shards/1",
         "target": config.model.target,
         "template": renderer.describe(),
-        "sampling": {
-            "temperature": settings.temperature,
-            "top_p": settings.top_p,
-            "seed": settings.seed,
-            "greedy": settings.temperature == 0,
-        },
+        "sampling": sampling,
         "max_new_tokens": settings.max_new_tokens,
         "max_prompt_len": settings.max_prompt_len,
         "shard_size": settings.shard_size,

@@ -152,7 +152,7 @@ class Worker:
                     raise prompt_file.PromptLineError(where) from exc
                 log.warning("%sskipped %s", self.tag, where)
                 skipped.append(where)
-        answers = self._decode(index, prompts)
+        prompts, answers = self._decode(index, prompts)
         samples, short, truncated = [], 0, 0
         for prompt, answer in zip(prompts, answers, strict=True):
             if len(answer) < 2:  # nothing a drafter could learn: no two supervised tokens
@@ -172,19 +172,46 @@ class Worker:
         example = self._example(samples)
         return {**meta, "samples": len(samples)}, example
 
-    def _decode(self, index: int, prompts: list[list[int]]) -> list[list[int]]:
-        answers: list[list[int]] = [[] for _ in prompts]
+    def _decode(
+        self, index: int, prompts: list[list[int]]
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        """(prompts, answers) of shard `index`. With a sampled prefix, its tokens are moved to
+        the end of the prompt (context, not supervised) and the answer is the greedy one after
+        them; a prefix that ends the answer leaves it empty (counted as too short)."""
         gen = None
         if not self.sampling.greedy:
             gen = torch.Generator(device=self.device).manual_seed(_mix(self.settings.seed, index))
+        prefix_len = self.settings.sampled_prefix
+        if not prefix_len:
+            return prompts, self._answers(prompts, self.sampling, gen, self.settings.max_new_tokens)
+        prefixes = self._answers(prompts, self.sampling, gen, prefix_len)
+        prompts = [p + x for p, x in zip(prompts, prefixes, strict=True)]
+        live = [j for j, x in enumerate(prefixes) if len(x) == prefix_len and x[-1] not in self.eos]
+        greedy = self._answers(
+            [prompts[j] for j in live], Sampling(), None, self.settings.max_new_tokens - prefix_len
+        )
+        answers: list[list[int]] = [[] for _ in prompts]
+        for j, answer in zip(live, greedy, strict=True):
+            answers[j] = answer
+        return prompts, answers
+
+    def _answers(
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        gen: torch.Generator | None,
+        max_new_tokens: int,
+    ) -> list[list[int]]:
+        """The target's answers to `prompts`, decoded in batches of similar length."""
+        answers: list[list[int]] = [[] for _ in prompts]
         for batch in length_batches([len(p) for p in prompts], self.batch_size):
             out = decode_batch(
                 self.model,
                 [prompts[j] for j in batch],
-                max_new_tokens=self.settings.max_new_tokens,
+                max_new_tokens=max_new_tokens,
                 eos_ids=self.eos,
                 pad_id=self.pad_id,
-                sampling=self.sampling,
+                sampling=sampling,
                 generator=gen,
                 engine=self.engine,
             )

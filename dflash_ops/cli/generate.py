@@ -55,6 +55,15 @@ def generate(
         float | None, _opt("--temperature", "0: greedy (the default).", min=0.0)
     ] = None,
     top_p: Annotated[float | None, _opt("--top-p", "Nucleus sampling (1.0).")] = None,
+    sampled_prefix: Annotated[
+        int | None,
+        _opt(
+            "--sampled-prefix",
+            "Sample only the first N answer tokens at --temperature (they join the prompt), "
+            "then answer greedily.",
+            min=0,
+        ),
+    ] = None,
     seed: Annotated[int | None, _opt("--seed", "Sampling seed (0).")] = None,
     shard_size: Annotated[
         int | None, _opt("--shard-size", "Prompts per shard (1024).", min=1)
@@ -90,7 +99,8 @@ def generate(
     """
     request = generation.GenerateRequest(
         prompts=tuple(prompts), out=out, max_new_tokens=max_new_tokens, batch_size=batch_size,
-        engine=engine.value if engine else None, temperature=temperature, top_p=top_p, seed=seed, shard_size=shard_size, limit=limit,
+        engine=engine.value if engine else None, temperature=temperature, top_p=top_p,
+        sampled_prefix=sampled_prefix, seed=seed, shard_size=shard_size, limit=limit,
         enable_thinking=thinking, strict=strict,
     )  # fmt: skip
     with workspace(ctx, where) as ws:

@@ -26,6 +26,7 @@ _FLAGS = {
     "engine": "--engine",
     "temperature": "--temperature",
     "top_p": "--top-p",
+    "sampled_prefix": "--sampled-prefix",
     "seed": "--seed",
     "shard_size": "--shard-size",
     "limit": "--limit",
@@ -41,6 +42,7 @@ class GenerateRequest:
     engine: str | None = None  # trainer.decode's engine: auto, static or dynamic
     temperature: float | None = None
     top_p: float | None = None
+    sampled_prefix: int | None = None  # first N answer tokens sampled, then greedy
     seed: int | None = None
     shard_size: int | None = None
     limit: int | None = None

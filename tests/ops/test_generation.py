@@ -13,13 +13,13 @@ from dflash_ops.remote.launch import LaunchPlan, render, trainer_argv
 def test_the_request_becomes_the_generators_argv() -> None:
     request = GenerateRequest(
         prompts=("/d/a b.jsonl", "/d/$x.jsonl"), out="/d/gen", max_new_tokens=64,
-        engine="static", temperature=0.7, enable_thinking=False, strict=True,
+        engine="static", temperature=0.7, sampled_prefix=16, enable_thinking=False, strict=True,
     )  # fmt: skip
     assert request.tool() == (
         "-m", "trainer.generate", "--config", "train.toml", "--out", "/d/gen",
         "--prompts", "/d/a b.jsonl", "--prompts", "/d/$x.jsonl",
         "--max-new-tokens", "64", "--engine", "static", "--temperature", "0.7",
-        "--disable-thinking", "--strict",
+        "--sampled-prefix", "16", "--disable-thinking", "--strict",
     )  # fmt: skip
 
 

@@ -41,14 +41,20 @@ def check_point(point: dict, *, samples: int, steps: int, batch: int = 4) -> Non
 
 def test_smoke_points_and_train_data(tmp_path: Path) -> None:
     work, out = tmp_path / "work", tmp_path / "eval.json"
-    run = bench("--work", str(work), "--out", str(out), "--gen-temperatures", "0,1")
+    run = bench(
+        "--work", str(work), "--out", str(out), "--gen-temperatures", "0,1",
+        "--gen-sampled-prefix", "2",
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["recipe"]["gen_temperatures"] == [0.0, 1.0]
+    assert result["recipe"]["gen_sampled_prefix"] == 2
     assert result["target"]["steps"] == 20  # a step count, not a time budget: the same target
-    assert "temperatures 0, 1" in result["training_data"]
-    greedy, sampled = load_samples(work / "generated"), load_samples(work / "generated-t1")
+    assert "temperatures 0, 1 (sampled prefix 2)" in result["training_data"]
+    greedy, sampled = load_samples(work / "generated"), load_samples(work / "generated-t1-p2")
     assert len(greedy) == len(sampled) == 16  # one answer per prompt and temperature
+    prompt_len = greedy[0].loss_mask.index(True)
+    assert all(s.loss_mask.index(True) == prompt_len + 2 for s in sampled)  # prefix unsupervised
     # the first 8 samples trained on alternate between the two sources
     trained = [json.loads(line)["input_ids"] for line in (work / "train-8.jsonl").open()]
     assert trained == [s.input_ids for i in range(4) for s in (greedy[i], sampled[i])]
@@ -68,7 +74,7 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
 
     data = tmp_path / "data.jsonl"  # data made elsewhere with the same target
     shutil.copy(work / "train-8.jsonl", data)
-    sources = f"{data},{work / 'generated-t1'}"
+    sources = f"{data},{work / 'generated-t1-p2'}"
     again = bench(
         "--work", str(work), "--out", str(out), "--reuse-target", "--train-data", sources,
         "--drafter-steps", "4", "--feature-layers", "0", "--kl-weight", "0.5",

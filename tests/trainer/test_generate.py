@@ -206,6 +206,44 @@ def test_a_resume_with_other_settings_is_refused(
     assert "sampling differ" in capsys.readouterr().err
 
 
+def test_a_sampled_prefix_joins_the_prompt_and_the_greedy_answer_follows_it(
+    tmp_path: Path, target_dir: Path, model: torch.nn.Module
+) -> None:
+    cfg = write_config(tmp_path, target_dir)
+    ids = tmp_path / "ids.jsonl"
+    prompts = random_prompts(6, seed=4)
+    ids.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in prompts))
+    flags = ["--temperature", "2.0", "--sampled-prefix", "4", "--seed", "3"]
+    assert run_cli(cfg, ids, tmp_path / "a", *flags) == 0
+    assert run_cli(cfg, ids, tmp_path / "b", *flags) == 0
+    a, b = ShardSamples(tmp_path / "a"), ShardSamples(tmp_path / "b")
+    assert [a[i].input_ids for i in range(len(a))] == [b[i].input_ids for i in range(len(b))]
+    manifest = json.loads((tmp_path / "a" / MANIFEST).read_text())
+    assert manifest["sampling"]["sampled_prefix"] == 4 and manifest["sampling"]["greedy"]
+    off_greedy = 0
+    for i in range(len(a)):
+        s = a[i]
+        prompt = next(p for p in prompts if s.input_ids[: len(p)] == p)
+        n = s.loss_mask.index(True)
+        assert n == len(prompt) + 4 and all(s.loss_mask[n:])  # the prefix is not supervised
+        prefix, answer = s.input_ids[len(prompt) : n], s.input_ids[n:]
+        off_greedy += prefix != reference(model, prompt, 4, set())
+        assert answer == reference(model, s.input_ids[:n], 10 - 4, set())
+    assert off_greedy >= len(a) // 2  # the prefix was sampled, not the greedy answer's start
+
+
+def test_a_sampled_prefix_needs_a_temperature_and_room_for_an_answer(
+    tmp_path: Path, target_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg, prompts = write_config(tmp_path, target_dir), write_prompts(tmp_path / "p.jsonl", 2)
+    assert run_cli(cfg, prompts, tmp_path / "a", "--sampled-prefix", "4") == 2
+    assert "--sampled-prefix samples at --temperature, which is 0" in capsys.readouterr().err
+    flags = ["--sampled-prefix", "9", "--temperature", "1"]
+    assert run_cli(cfg, prompts, tmp_path / "b", *flags) == 2
+    assert "--sampled-prefix must be in 0…8" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_a_killed_generation_resumes_without_losing_or_rewriting_a_shard(
     tmp_path: Path, target_dir: Path
 ) -> None:
