@@ -117,9 +117,9 @@ def dense_mask(
 
 # --- FlexAttention mask_mods -------------------------------------------------------------------
 # Small factories, each closing over the batch's tensors and returning a mask_mod. Everything a
-# mask_mod reads that varies between batches is a tensor indexed by the batch row, never a
-# Python number: dynamo turns a varying number into a symbol, which FlexAttention's CuTe-DSL
-# backend cannot take. The kernels evaluate mask_mod on whole query tiles, past Q = N·B on the
+# mask_mod reads that can vary within a process (context length, window) is a tensor indexed by
+# the batch row, never a Python number: dynamo turns a number that changed between calls into a
+# symbol, which FlexAttention's CuTe-DSL backend cannot take. The kernels evaluate mask_mod on whole query tiles, past Q = N·B on the
 # last one: the per-block tensors are padded with invalid blocks up to `QUERY_TILE_PAD` rows, so
 # those rows index safely (and see nothing; they are cut off after the kernel).
 
@@ -148,18 +148,19 @@ def valid_block_mask_mod(valid: Tensor, block_size: int) -> MaskMod:
 
 
 def context_mask_mod(
-    anchors: Tensor, context_lens: Tensor, block_size: int, *, window: int | None = None
+    anchors: Tensor, context_lens: Tensor, block_size: int, *, reach: Tensor | None = None
 ) -> MaskMod:
     """Context keys strictly before the block's anchor (and, with a window W, at or after
     `anchor + k − (W − 1)` for slot k: the window ends at the slot's own position).
-    `context_lens`: (Bsz,) the padded context length S of every row."""
+    `context_lens`: (Bsz,) the padded context length S of every row; `reach`: (Bsz,) W − 1, or
+    None without a window."""
     padded = padded_blocks(anchors, block_size, 0)
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         start = padded[b, q_idx // block_size]
         seen = (kv_idx < context_lens[b]) & (kv_idx < start)
-        if window is not None:
-            seen = seen & (kv_idx >= start + q_idx % block_size - (window - 1))
+        if reach is not None:
+            seen = seen & (kv_idx >= start + q_idx % block_size - reach[b])
         return seen
 
     return mask_mod
@@ -170,18 +171,18 @@ def own_block_mask_mod(
     block_size: int,
     *,
     causal_in_block: bool = False,
-    window: int | None = None,
+    reach: Tensor | None = None,
 ) -> MaskMod:
     """Block keys of the query's own block (all slots, or slots `<= k` when causal; with a
-    window W, slots `>= k − (W − 1)`). `context_lens`: (Bsz,) as in `context_mask_mod`."""
+    window W, slots `>= k − (W − 1)`). `context_lens`, `reach`: (Bsz,) as in `context_mask_mod`."""
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         key = kv_idx - context_lens[b]  # negative for context keys
         same = (key >= 0) & (key // block_size == q_idx // block_size)
         if causal_in_block:
             same = same & (key % block_size <= q_idx % block_size)
-        if window is not None:
-            same = same & (key % block_size >= q_idx % block_size - (window - 1))
+        if reach is not None:
+            same = same & (key % block_size >= q_idx % block_size - reach[b])
         return same
 
     return mask_mod
@@ -196,16 +197,20 @@ def draft_mask_mod(
     window: int | None = None,
     causal_in_block: bool = False,
 ) -> MaskMod:
-    """The whole DFlash mask for a batch: valid ∧ (context ∨ own block). `anchors`, `valid`: (Bsz, N)."""
+    """The whole DFlash mask for a batch: valid ∧ (context ∨ own block). `anchors`, `valid`:
+    (Bsz, N). The context length and the window reach the mask_mods as per-row tensors (one
+    process may see several of each: layers with and without a window of their own, tests);
+    the block size, fixed for a run, stays a number the kernels specialise on."""
     _check_layout(anchors, valid, context_len, block_size)
-    context_lens = torch.full(
-        (anchors.shape[0],), context_len, dtype=anchors.dtype, device=anchors.device
-    )
+
+    def per_row(value: int) -> Tensor:
+        return torch.full((anchors.shape[0],), value, dtype=anchors.dtype, device=anchors.device)
+
+    context_lens = per_row(context_len)
+    reach = None if window is None else per_row(window - 1)
     is_valid = valid_block_mask_mod(valid, block_size)
-    ctx = context_mask_mod(anchors, context_lens, block_size, window=window)
-    own = own_block_mask_mod(
-        context_lens, block_size, causal_in_block=causal_in_block, window=window
-    )
+    ctx = context_mask_mod(anchors, context_lens, block_size, reach=reach)
+    own = own_block_mask_mod(context_lens, block_size, causal_in_block=causal_in_block, reach=reach)
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return is_valid(b, h, q_idx, kv_idx) & (ctx(b, h, q_idx, kv_idx) | own(b, h, q_idx, kv_idx))

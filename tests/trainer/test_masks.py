@@ -135,3 +135,28 @@ def test_shapes_are_checked():
         dense_mask(torch.tensor([1, 2]), 4, 2, valid=torch.tensor([True]))
     with pytest.raises(ValueError, match="1-D"):
         dense_mask(torch.tensor([[1, 2]]), 4, 2)
+
+
+def captured(fn: object) -> list[object]:
+    """Every value a mask_mod's closure holds, through the mask_mods it calls."""
+    found: list[object] = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        value = cell.cell_contents
+        found += captured(value) if callable(value) else [value]
+    return found
+
+
+@pytest.mark.parametrize("window", [None, 7, 40])
+def test_the_mask_mod_captures_no_number_but_the_block_size(window: int | None) -> None:
+    """Dynamo turns a captured number that changes between calls (a context length per bucket,
+    a window per layer) into a symbol, which FlexAttention's CuTe-DSL backend refuses ("captures
+    a dynamic scalar"); those values reach the kernels as per-row tensors. The block size is
+    fixed for a run and stays a number the kernels specialise on."""
+    anchors = torch.tensor([[2, 9, 11]])
+    mod = draft_mask_mod(
+        anchors, torch.ones(1, 3, dtype=torch.bool), 16, 4, window=window, causal_in_block=True
+    )
+    values = captured(mod)
+    numbers = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    assert numbers and set(numbers) == {4}
+    assert all(isinstance(v, torch.Tensor | bool | int) or v is None for v in values)
