@@ -1,6 +1,7 @@
 """Where one drafter training step spends its GPU time, at the two-GPU benchmark's shapes.
 
     python bench/profile_drafter.py [--steps 2] [--compile on|off] [--out profile.json]  # one GPU
+    python bench/profile_drafter.py --attention-kernels flash     # FlexAttention's CuTe-DSL kernels
     python bench/profile_drafter.py --smoke                                             # CPU
 
 Same model, data and settings as `bench_pipeline.py` (Qwen3-8B-shaped random target, 5-layer
@@ -40,6 +41,7 @@ from bench.bench_pipeline import (
     train_config,
     write_data,
 )
+from trainer.config import ATTENTION_KERNELS
 
 # First match wins: kernel name pattern → kind.
 KINDS = [
@@ -104,6 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compile", choices=("auto", "on", "off"), default="auto", help="compile the layers"
     )
+    parser.add_argument(
+        "--attention-kernels",
+        choices=ATTENTION_KERNELS,
+        default="auto",
+        help="run.attention_kernels: the flex kernel preset (flash needs flash-attn-4)",
+    )
     args = parser.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         print("needs a CUDA GPU (use --smoke for a CPU check)", file=sys.stderr)
@@ -123,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = train_config(spec, data, device=device.type, steps=100)
         if args.compile != "auto":
             cfg = with_overrides(cfg, run={"compile": args.compile == "on"})
+        cfg = with_overrides(cfg, run={"attention_kernels": args.attention_kernels})
         target = load_target(
             target_config(spec), device=device, num_layers=spec["features"], seed=0
         )
@@ -153,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name(0) if gpu else "cpu",
         "torch": torch.__version__,
         "compiled_layers": worker.compiled,
+        "attention_kernels": args.attention_kernels,
         "graph_breaks": dict(counters["graph_break"]),
         "model_flops_per_step": flops,
         "step_ms": step_s * 1e3,

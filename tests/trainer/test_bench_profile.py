@@ -42,9 +42,11 @@ def test_summary_shares_add_up_per_kind() -> None:
 
 def test_smoke_run_writes_its_summary(tmp_path, capsys) -> None:
     out = tmp_path / "profile.json"
-    assert main(["--smoke", "--steps", "1", "--warmup", "1", "--out", str(out)]) == 0
+    argv = ["--smoke", "--steps", "1", "--warmup", "1", "--attention-kernels", "small"]
+    assert main([*argv, "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["device"] == "cpu" and result["step_ms"] > 0
+    assert result["attention_kernels"] == "small"
     assert result["compiled_layers"] is False and result["model_flops_per_step"] > 0
     kinds = {r["kind"] for r in result["kinds"]}
     assert {"matmul", "attention forward", "optimizer"} <= kinds
