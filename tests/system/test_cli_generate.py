@@ -41,13 +41,14 @@ def test_generate_runs_as_the_job_and_a_restart_resumes(project: Path) -> None:
     out = project / "gen"
     started = dflash(project, "generate", "--prompts", str(project / "prompts.jsonl"),
                      "--out", str(out), "--max-new-tokens", "6", "--shard-size", "2",
-                     "--engine", "static")  # fmt: skip
+                     "--engine", "static", "--temperature", "1", "--sampled-prefix", "2")  # fmt: skip
     assert started.returncode == 0, started.stderr
     followed = dflash(project, "logs", "--follow", timeout=300)
     assert followed.returncode == 0, followed.stdout[-2000:]
     assert f"skipped {project / 'prompts.jsonl'}:7: not JSON" in followed.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] and manifest["counts"]["samples"] == 6
+    assert manifest["sampling"]["sampled_prefix"] == 2 and manifest["sampling"]["temperature"] == 1
     status = json.loads(dflash(project, "status", "--json").stdout)
     assert status["exit_code"] == 0 and any("done:" in line for line in status["last_lines"])
     shards = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.bin")}
