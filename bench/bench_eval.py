@@ -21,8 +21,8 @@ GPU run, in order:
    (what users run) answers windows of the training files with the saved target, greedily (or
    once per `--gen-temperatures` entry, the sets interleaved; `--gen-sampled-prefix N`: a
    temperature samples the first N tokens only, then the answer is greedy), into token shards
-   supervised on the answers; or `--train-data`, data made with the same target; `--prepare-only` stops here
-   (`bench/compare_recipes.py` then trains several recipes on the result);
+   supervised on the answers; or `--train-data`, data made with the same target;
+   `--prepare-only` stops here (`bench/compare_recipes.py` then trains several recipes on it);
 5. prompt lookup (n-gram drafting, n = `--lookup-max-n`…1) on the held-out prompts, once (the
    target is fixed), with the target in fp32 (so that the lossless check is not at the mercy of
    bf16 rounding between forwards of different lengths);

@@ -119,9 +119,10 @@ def dense_mask(
 # Small factories, each closing over the batch's tensors and returning a mask_mod. Everything a
 # mask_mod reads that can vary within a process (context length, window) is a tensor indexed by
 # the batch row, never a Python number: dynamo turns a number that changed between calls into a
-# symbol, which FlexAttention's CuTe-DSL backend cannot take. The kernels evaluate mask_mod on whole query tiles, past Q = N·B on the
-# last one: the per-block tensors are padded with invalid blocks up to `QUERY_TILE_PAD` rows, so
-# those rows index safely (and see nothing; they are cut off after the kernel).
+# symbol, which FlexAttention's CuTe-DSL backend cannot take. The kernels evaluate mask_mod on
+# whole query tiles, past Q = N·B on the last one: the per-block tensors are padded with invalid
+# blocks up to `QUERY_TILE_PAD` rows, so those rows index safely (and see nothing; they are cut
+# off after the kernel).
 
 QUERY_TILE_PAD = 256  # the largest query tile of the kernels (Triton 128, CuTe DSL up to 256)
 
