@@ -200,32 +200,24 @@ def main() -> None:
     if mask.block_mask is not None:
         density = 1.0 - mask.block_mask.sparsity() / 100.0
     rows.append(ours)
-    if flex_ok:  # the tiles that fit ~100 KiB GPUs, forced here: goal within 1.3x of ours
-        small = build_draft_mask(
-            anchors, valid, s, b, backend="flex", num_heads=shape.heads, kernel_preset="small"
+
+    def preset_row(preset: str) -> dict[str, Any]:
+        """`draft_attention` with the flex kernel preset `preset` (`run.attention_kernels`)."""
+        preset_mask = build_draft_mask(
+            anchors, valid, s, b, backend="flex", num_heads=shape.heads, kernel_preset=preset
         )
-        rows.append(
-            measure(
-                "draft_attention (flex, small kernels)",
-                fwd_bwd(lambda q, k, v: draft_attention(q, k, v, small), leaves, grad),
-                device,
-                args,
-            )
+        return measure(
+            f"draft_attention (flex, {preset} kernels)",
+            fwd_bwd(lambda q, k, v: draft_attention(q, k, v, preset_mask), leaves, grad),
+            device,
+            args,
         )
 
+    if flex_ok:  # the tiles that fit ~100 KiB GPUs, forced here: goal within 1.3x of ours
+        rows.append(preset_row("small"))
     if flex_ok and args.flash:  # the CuTe-DSL backend, as the trainer calls it
         try:
-            flash = build_draft_mask(
-                anchors, valid, s, b, backend="flex", num_heads=shape.heads, kernel_preset="flash"
-            )
-            rows.append(
-                measure(
-                    "draft_attention (flex, flash kernels)",
-                    fwd_bwd(lambda q, k, v: draft_attention(q, k, v, flash), leaves, grad),
-                    device,
-                    args,
-                )
-            )
+            rows.append(preset_row("flash"))
         except Exception as exc:  # not installed, or not this GPU: the row says so
             rows.append(failed_row("draft_attention (flex, flash kernels)", exc))
 
