@@ -2,6 +2,7 @@
 
     python bench/bench_pipeline.py --out results.json            # 2 GPUs, a Qwen3-8B-shaped target
     python bench/bench_pipeline.py --smoke --out smoke.json      # CPU, tiny shapes, gloo
+    python bench/bench_pipeline.py --attention-kernels flash --out flash.json  # CuTe-DSL attention
 
 1. each role alone (`trainer.plan.measure_rates`): the target forward on GPU 0 → r_target, the
    drafter training step on GPU 1 → r_drafter (tokens/s), and the `plan` prediction for 1 + 1:
@@ -143,7 +144,13 @@ def train_config(spec: dict, data: Path, *, device: str, steps: int):
             },
             "optim": {"lr": 3e-4, "warmup_steps": 2},
             "loss": {"kl_weight": 0.15},
-            "run": {"steps": steps, "device": device, "checkpoint_every": 0, "log_every": 1},
+            "run": {
+                "steps": steps,
+                "device": device,
+                "checkpoint_every": 0,
+                "log_every": 1,
+                "attention_kernels": spec.get("attention_kernels", "auto"),
+            },
         }
     )
 
@@ -279,8 +286,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--smoke", action="store_true", help="CPU, tiny shapes (a check, not a benchmark)"
     )
+    parser.add_argument(
+        "--attention-kernels",
+        default="auto",
+        help="run.attention_kernels of the drafter (flash: the CuTe-DSL kernels, flash-attn-4)",
+    )
     args = parser.parse_args(argv)
-    spec = SMOKE if args.smoke else FULL
+    spec = {**(SMOKE if args.smoke else FULL), "attention_kernels": args.attention_kernels}
     if not args.smoke and torch.cuda.device_count() < 2:
         print("needs 2 CUDA GPUs (use --smoke for a CPU check)", file=sys.stderr)
         return 2
@@ -368,6 +380,7 @@ def table(r: dict) -> str:
         ("drafter MFU vs 989 TFLOP/s peak", f"{100 * r['drafter_mfu_vs_peak']:.1f} %"),
         ("drafter MFU vs 790 TFLOP/s measured matmul", f"{100 * r['drafter_mfu_vs_matmul']:.1f} %"),
         ("BlockMask density", f"{r['mask_density']:.3f}"),
+        ("drafter attention kernels (run.attention_kernels)", r["spec"]["attention_kernels"]),
         ("wall time of the benchmark, s", f"{r['wall_s']:.0f}"),
     ]
     lines = [f"| metric ({r['device']}, torch {r['torch']}) | value |", "| --- | --- |"]

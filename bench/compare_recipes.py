@@ -1,4 +1,4 @@
-"""Drafter recipes side by side on one target and one set of data, on one GPU.
+"""Drafter recipes side by side on one target and one set of data, on one GPU or several.
 
     python bench/compare_recipes.py --work /tmp/recipes --out results/ \\
         --prepare "--samples 49152 --gen-temperatures 0,0.8" \\
@@ -8,8 +8,9 @@
 First `bench_eval.py --prepare-only` trains the target and generates the data into `--work`
 (its arguments from `--prepare`); then every recipe runs as its own `bench_eval.py
 --reuse-target` process, all at once (a drafter step leaves most of an H200 idle, so recipes
-that share it finish together far sooner than one after another), each in its own work folder
-beside the shared target, and writes `<out>/<name>.json`. `{work}` in a recipe is `--work`. The
+that share it finish together far sooner than one after another), spread over the visible GPUs
+in turn (recipe i on GPU i mod n), each in its own work folder beside the shared target, and
+writes `<out>/<name>.json`. `{work}` in a recipe is `--work`. The
 τ figures do not depend on the sharing; the step times and the training seconds do.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -50,7 +52,26 @@ def prepare(args: argparse.Namespace, work: Path) -> None:
         raise SystemExit(f"prepare failed ({code}): see {work / 'prepare.log'}")
 
 
-def start(name: str, options: str, work: Path, out: Path) -> subprocess.Popen[bytes]:
+def visible_gpus() -> list[str]:
+    """The GPUs recipes may use: CUDA_VISIBLE_DEVICES where set, else every GPU torch sees."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [gpu for gpu in listed.split(",") if gpu.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def gpu_env(index: int, gpus: list[str]) -> dict[str, str]:
+    """The environment of recipe `index`: its one GPU, in turn over `gpus` (none: unchanged)."""
+    if not gpus:
+        return dict(os.environ)
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[index % len(gpus)]}
+
+
+def start(
+    name: str, options: str, work: Path, out: Path, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
     """One recipe's `bench_eval.py --reuse-target` in `work/<name>` (the target linked in)."""
     folder = work / name
     folder.mkdir(exist_ok=True)
@@ -60,9 +81,10 @@ def start(name: str, options: str, work: Path, out: Path) -> subprocess.Popen[by
     argv = [sys.executable, str(BENCH), "--work", str(folder), "--reuse-target"]
     argv += ["--out", str(out / f"{name}.json")]
     argv += shlex.split(options.replace("{work}", str(work)))
-    log(f"{name}: " + shlex.join(argv[1:]))
+    gpu = env.get("CUDA_VISIBLE_DEVICES")
+    log(f"{name}{f' (GPU {gpu})' if gpu is not None else ''}: " + shlex.join(argv[1:]))
     with (out / f"{name}.log").open("w") as log_file:  # the child keeps its own copy
-        return subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)
+        return subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env)
 
 
 def summary(out: Path, names: list[str]) -> list[str]:
@@ -101,7 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("recipe names must differ")
     if not args.skip_prepare:
         prepare(args, work)
-    procs = {name: start(name, options, work, out) for name, options in args.recipe}
+    gpus = visible_gpus()
+    procs = {
+        name: start(name, options, work, out, gpu_env(i, gpus))
+        for i, (name, options) in enumerate(args.recipe)
+    }
     failed = [name for name, proc in procs.items() if proc.wait() != 0]
     rows = summary(out, list(procs))
     (out / "summary.md").write_text("\n".join(rows) + "\n")

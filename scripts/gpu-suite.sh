@@ -36,6 +36,11 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     $PY "$b" "${extra[@]}" --out "$out/$name.json" 2>&1 | tee "$out/$name.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
+  if [ ${#flash[@]} -gt 0 ]; then  # the split again, the drafter on the CuTe-DSL kernels
+    $PY bench/bench_pipeline.py --attention-kernels flash --out "$out/bench_pipeline-flash.json" 2>&1 \
+      | tee "$out/bench_pipeline-flash.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fi
 fi
 if [ "$what" = profile ] || [ "$what" = all ]; then
   for mode in on off; do

@@ -6,6 +6,7 @@ given from outside (`--train-data`, several sources), and `--prepare-only`."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -136,3 +137,16 @@ def test_recipes_side_by_side_share_one_target_and_data(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert bad.returncode == 2 and "recipe names must differ" in bad.stderr
+
+
+def test_recipes_take_the_visible_gpus_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recipe i runs on GPU i mod n of CUDA_VISIBLE_DEVICES; with no GPU the env is unchanged."""
+    from bench.compare_recipes import gpu_env, visible_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    gpus = visible_gpus()
+    assert gpus == ["2", "5"]
+    assert [gpu_env(i, gpus)["CUDA_VISIBLE_DEVICES"] for i in range(5)] == list("25252")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == []
+    assert gpu_env(3, []) == dict(os.environ)
