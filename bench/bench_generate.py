@@ -17,8 +17,10 @@ rather than asserted.
 
 Then the whole `python -m trainer.generate` (prompt JSONL → shards, the model saved and loaded)
 runs under torchrun with each `--gpus` process count (default: 1 and every visible GPU): wall
-time including start-up, and the decode rate the ranks log, summed — how generation scales with
-GPUs. `--gpus 0` skips it.
+time including start-up, and the decode rate of the ranks together (their answer tokens over the
+slowest rank's decode time) — how generation scales with GPUs. `--pipeline-prompts` gives these
+runs more prompts than the engine comparison (start-up costs a fixed ~20 s; a scaling figure needs
+minutes of decoding). `--gpus 0` skips it.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ if str(ROOT) not in sys.path:
 from bench.common import environment, markdown, sync, write  # noqa: E402
 from trainer.decode import decode_batch, length_batches  # noqa: E402
 
-RATE = re.compile(r"answer tokens in [0-9:]+ \(([0-9,.]+) tok/s\)")
+# a rank's last line: "generated N samples, T answer tokens in H:MM:SS (R tok/s)"
+RATE = re.compile(r"([0-9,]+) answer tokens in [0-9:]+ \(([0-9,.]+) tok/s\)")
 SHAPES = {
     "qwen3-0.6b": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
                    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
@@ -65,6 +68,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES))
     p.add_argument("--prompts", type=int, default=256)
+    p.add_argument(
+        "--pipeline-prompts",
+        type=int,
+        default=0,
+        help="prompts of the trainer.generate runs (0: --prompts; the first --prompts are shared)",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--min-len", type=int, default=64)
     p.add_argument("--max-len", type=int, default=512)
@@ -97,9 +106,9 @@ def build_model(shape: str, device: torch.device, seed: int) -> torch.nn.Module:
     return load_target(cfg, device=device, seed=seed).model
 
 
-def random_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
+def random_prompts(args: argparse.Namespace, vocab: int, count: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(args.seed)
-    lengths = torch.randint(args.min_len, args.max_len + 1, (args.prompts,), generator=gen)
+    lengths = torch.randint(args.min_len, args.max_len + 1, (count,), generator=gen)
     return [torch.randint(0, vocab, (int(n),), generator=gen).tolist() for n in lengths]
 
 
@@ -176,16 +185,16 @@ def pipeline_rows(  # type: ignore[no-untyped-def]
             f"max_len = {args.max_len + args.max_new_tokens}\n"
             f'[run]\ndevice = "{device.type}"\n'
         )
-        return [_pipeline_row(folder, n, args) for n in counts]
+        return [_pipeline_row(folder, n, len(prompts), args) for n in counts]
 
 
-def _pipeline_row(folder: Path, processes: int, args: argparse.Namespace) -> dict[str, Any]:
+def _pipeline_row(
+    folder: Path, processes: int, prompts: int, args: argparse.Namespace
+) -> dict[str, Any]:
     out = folder / f"out-{processes}"
     # one process: one shard, so its batches are the in-process runs' (same padding, same
     # rounding); several: a few shards per rank
-    shard = (
-        args.prompts if processes == 1 else max(args.batch_size, args.prompts // (4 * processes))
-    )
+    shard = prompts if processes == 1 else max(args.batch_size, prompts // (4 * processes))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(processes), "-m", "trainer.generate",
                "--config", str(folder / "gen.toml"), "--prompts", str(folder / "prompts.jsonl"),
@@ -204,21 +213,34 @@ def _pipeline_row(folder: Path, processes: int, args: argparse.Namespace) -> dic
             f"trainer.generate failed with {processes} processes:\n{done.stderr[-3000:]}"
         )
     counts = json.loads((out / "manifest.json").read_text())["counts"]
-    rates = [float(m.replace(",", "")) for m in RATE.findall(done.stdout)]
+    ranks = [(int(n.replace(",", "")), float(r.replace(",", ""))) for n, r in RATE.findall(
+        done.stdout + done.stderr)]  # fmt: skip
     return {
         "processes": processes,
         "answer_tokens": counts["answer_tokens"],
         "wall_s": wall,
         "tokens_per_s_wall": counts["answer_tokens"] / wall,
-        "tokens_per_s_decode": sum(rates) if rates else None,
+        "tokens_per_s_decode": decode_rate(ranks),
+        "rank_decode_s": [round(n / r, 3) if r else None for n, r in ranks],
     }
+
+
+def decode_rate(ranks: list[tuple[int, float]]) -> float | None:
+    """Answer tokens of all ranks over the slowest rank's decode time (each rank logs its tokens
+    and tokens/s): a rank that finishes early does not count as if it ran as long as the rest."""
+    if not ranks or any(rate <= 0 for _, rate in ranks):
+        return None
+    return sum(n for n, _ in ranks) / max(n / rate for n, rate in ranks)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     model = build_model(args.shape, device, args.seed)
-    prompts = random_prompts(args, model.config.vocab_size)
+    everything = random_prompts(
+        args, model.config.vocab_size, max(args.prompts, args.pipeline_prompts)
+    )
+    prompts = everything[: args.prompts]
     eos = pick_eos(model, prompts, args)
     batches = length_batches([len(p) for p in prompts], args.batch_size)
     timed = [i for b in batches[1:] for i in b]  # the first batch of each side warms up
@@ -245,14 +267,20 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(rows, ["engine", "answer_tokens", "seconds", "tokens_per_s"]))
     for key, value in summary.items():
         print(f"- {key}: {value}")
-    pipeline = pipeline_rows(model, prompts, args, eos, device)
+    answered = everything[: args.pipeline_prompts or args.prompts]
+    pipeline = pipeline_rows(model, answered, args, eos, device)
     if pipeline:
         print(markdown(pipeline, ["processes", "answer_tokens", "wall_s", "tokens_per_s_wall",
                                   "tokens_per_s_decode"]))  # fmt: skip
+        first, last = pipeline[0], pipeline[-1]
+        several = len(pipeline) > 1
         summary["pipeline_scaling"] = (
-            pipeline[-1]["tokens_per_s_decode"] / pipeline[0]["tokens_per_s_decode"]
-            if len(pipeline) > 1 and pipeline[0]["tokens_per_s_decode"]
+            last["tokens_per_s_decode"] / first["tokens_per_s_decode"]
+            if several and first["tokens_per_s_decode"] and last["tokens_per_s_decode"]
             else None
+        )
+        summary["pipeline_scaling_wall"] = (
+            last["tokens_per_s_wall"] / first["tokens_per_s_wall"] if several else None
         )
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     if args.out and (Path(args.out).is_dir() or args.out.endswith("/")):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.bench_generate import main
+from bench.bench_generate import decode_rate, main
 
 
 def test_smoke_run_compares_with_plain_generate(tmp_path: Path) -> None:
@@ -25,3 +25,12 @@ def test_smoke_run_compares_with_plain_generate(tmp_path: Path) -> None:
     assert result["summary"]["speedup_vs_generate"] > 0
     (row,) = result["pipeline"]  # the whole trainer.generate in one process: the same answers
     assert row["processes"] == 1 and row["answer_tokens"] == result["summary"]["answer_tokens_kept"]
+    (rank_s,) = row["rank_decode_s"]  # read from the rank's own log line
+    assert rank_s > 0 and row["tokens_per_s_decode"] > 0
+
+
+def test_ranks_decode_together_as_fast_as_the_slowest() -> None:
+    """Two ranks of 600 tokens at 300 and 200 tok/s: 1,200 tokens in 3 s, not 500 tok/s."""
+    assert decode_rate([(600, 300.0), (600, 200.0)]) == 400.0
+    assert decode_rate([(900, 300.0)]) == 300.0
+    assert decode_rate([]) is None and decode_rate([(10, 0.0)]) is None
