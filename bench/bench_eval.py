@@ -205,7 +205,7 @@ def train_target(
         opt.zero_grad(set_to_none=True)
         step += 1
         if step % 100 == 0:
-            losses.append(float(loss))
+            losses.append(loss.item())
             log(f"target step {step} loss {losses[-1]:.3f}")
     model.eval()
     return model, {
