@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from trainer.config import LossConfig, config_from_dict, load_config  # noqa: E402
+from trainer.config import LossConfig, TrainConfigError, config_from_dict, load_config  # noqa: E402
 from trainer.data import Sample, load_samples, write_samples  # noqa: E402
 from trainer.eval_prompts import prompt_of_sample  # noqa: E402
 from trainer.evaluate import load_drafter  # noqa: E402
@@ -359,7 +359,8 @@ def lookup_baseline(
 def drafter_config(
     args: argparse.Namespace, work: Path, data: Path, device: torch.device, steps: int = 1
 ) -> Any:
-    """The drafter's training settings for `steps` steps on `data` (probe every steps/4)."""
+    """The drafter's training settings for `steps` steps on `data` (probe every steps/4), then
+    `--set` overrides."""
     return config_from_dict(
         {
             "model": {
@@ -393,7 +394,8 @@ def drafter_config(
                 "max_new_tokens": min(32, args.max_new_tokens),
                 "lookup_max_n": args.lookup_max_n,
             },
-        }
+        },
+        args.overrides,
     )
 
 
@@ -571,7 +573,7 @@ def recipe(args: argparse.Namespace) -> dict[str, Any]:
     """The drafter's recipe as run, for telling runs apart."""
     keys = (
         "drafter_layers", "block_size", "drafter_batch", "anchors", "drafter_lr", "kl_weight",
-        "feature_layers", "gen_temperatures", "gen_sampled_prefix",
+        "feature_layers", "gen_temperatures", "gen_sampled_prefix", "overrides",
     )  # fmt: skip
     return {key: getattr(args, key) for key in keys}
 
@@ -695,6 +697,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--kl-weight", type=float, default=LossConfig().kl_weight, help="loss.kl_weight")
     p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a drafter training setting over the benchmark's own, e.g. loss.gamma=2 (repeatable)",
+    )
+    p.add_argument(
         "--drafter-steps", type=int, default=0, help="steps per point (0: --drafter-seconds)"
     )
     p.add_argument("--drafter-seconds", type=float, default=120.0, help="training time per point")
@@ -702,6 +712,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--lookup-max-n", type=int, default=4, help="prompt lookup: n-grams n…1")
     args = p.parse_args(argv)
+    try:  # a bad --set is refused now, not after minutes of target training
+        config_from_dict({"model": {"target": "later"}, "data": {"path": "later"}}, args.overrides)
+    except TrainConfigError as exc:
+        p.error(f"--set: {exc}")
     if args.train_data and not args.reuse_target:
         p.error("--train-data needs --reuse-target: data made with the target saved in --work")
     if args.smoke:
