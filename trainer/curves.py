@@ -69,6 +69,7 @@ def scalars(row: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
             if _number(probe.get(key)):
                 yield tag, float(probe[key])
         yield from _slots("acceptance", row.get("slot_acceptance"))
+        yield from _slots("held_out_accuracy", row.get("held_out_slot_accuracy"))
     roles = row.get("roles")
     if isinstance(roles, Mapping):
         for role, values in roles.items():

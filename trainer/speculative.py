@@ -42,6 +42,7 @@ from torch import Tensor
 from trainer.data import bucket_length
 from trainer.errors import TrainerError
 from trainer.model import Drafter
+from trainer.slot_accuracy import SlotAccuracy
 from trainer.target import Target
 
 
@@ -104,16 +105,23 @@ class DFlashDrafter:
         self.bucket = bucket
         self.backend = backend
 
-    @torch.no_grad()
     def block_hidden(self, features: Tensor, input_ids: Tensor, anchor: int) -> Tensor:
         """The drafter's final hidden states of the block at `anchor` → (B, H): one training
         forward (`Drafter.forward`) with a single valid anchor."""
+        return self.blocks_hidden(features, input_ids, [anchor])[0]
+
+    @torch.no_grad()
+    def blocks_hidden(self, features: Tensor, input_ids: Tensor, anchors: list[int]) -> Tensor:
+        """One block per anchor in one forward → (N, B, H); features (1, ≥ last anchor, n·H)
+        and input_ids (1, ≥ last anchor + 1). Each block sees the features before its own
+        anchor only (the training mask), so the blocks are those of separate `draft` calls."""
         device = features.device
-        seq = bucket_length(anchor + 1, self.bucket)
-        feats = F.pad(features, (0, 0, 0, seq - features.shape[1]))  # (1, S, n·H)
-        ids = F.pad(input_ids, (0, seq - input_ids.shape[1]))  # (1, S)
-        anchors = torch.tensor([[anchor]], device=device)  # (1, 1)
-        valid = torch.ones_like(anchors, dtype=torch.bool)
+        last = max(anchors)
+        seq = bucket_length(last + 1, self.bucket)
+        feats = F.pad(features[:, :last], (0, 0, 0, seq - last))  # (1, S, n·H)
+        ids = F.pad(input_ids[:, : last + 1], (0, seq - last - 1))  # (1, S)
+        starts = torch.tensor([anchors], device=device)  # (1, N)
+        valid = torch.ones_like(starts, dtype=torch.bool)
         was_training, backend = self.drafter.training, self.drafter.attention_backend
         self.drafter.eval()
         self.drafter.attention_backend = self.backend
@@ -122,11 +130,11 @@ class DFlashDrafter:
         )
         try:
             with autocast:
-                hidden = self.drafter(feats, ids, anchors, valid, self.embed_weight)  # (1,1,B,H)
+                hidden = self.drafter(feats, ids, starts, valid, self.embed_weight)  # (1,N,B,H)
         finally:
             self.drafter.train(was_training)
             self.drafter.attention_backend = backend
-        return hidden[0, 0]
+        return hidden[0]
 
     def draft(self, features: Tensor, input_ids: Tensor, anchor: int) -> Tensor:
         hidden = self.block_hidden(features, input_ids, anchor)  # (B, H)
@@ -239,12 +247,20 @@ class EvalReport:
     plain_forwards: int  # plain greedy decoding: one per new token
     speedup: float  # plain_forwards / target_forwards
     lossless_checked: bool
+    # slots 1 … B−1: right proposals of a block drafted at every output position, as in training
+    # (`trainer.slot_accuracy`); None for a drafter that is not a trained one
+    slot_accuracy: list[float] | None = None
 
     def summary(self) -> str:
         slots = " ".join(f"{100 * r:.0f}" for r in self.slot_acceptance)
         check = "lossless" if self.lossless_checked else "lossless not checked"
+        every = ""
+        if self.slot_accuracy is not None:
+            every = " | acc% at every position " + " ".join(
+                f"{100 * r:.0f}" for r in self.slot_accuracy
+            )
         return (
-            f"tau {self.tau:.3f} | accept% by slot {slots} | {self.new_tokens} tokens, "
+            f"tau {self.tau:.3f} | accept% by slot {slots}{every} | {self.new_tokens} tokens, "
             f"{self.target_forwards} target forwards vs {self.plain_forwards} plain "
             f"(x{self.speedup:.2f}) | {self.prompts} prompts, B={self.block_size} | {check}"
         )
@@ -273,11 +289,14 @@ def evaluate(
         raise ValueError(f"{len(expected)} expected outputs for {len(prompts)} prompts")
     b = drafter.block_size
     results = []
+    every = SlotAccuracy(target, drafter) if isinstance(drafter, DFlashDrafter) else None
     for i, prompt in enumerate(prompts):
         res = speculative_decode(target, drafter, prompt, max_new_tokens, eos=eos)
         if check_lossless:
             want = None if expected is None else expected[i]
             _check_lossless(target, i, prompt, res.tokens, max_new_tokens, eos, want=want)
+        if every is not None:  # the output is the target's greedy one (checked or not)
+            every.add(prompt, res.tokens)
         results.append(res)
         if progress is not None:
             so_far = [a for r in results for a in r.accepted]
@@ -299,6 +318,7 @@ def evaluate(
         plain_forwards=new_tokens,
         speedup=new_tokens / forwards,
         lossless_checked=check_lossless,
+        slot_accuracy=None if every is None else every.rates(),
     )
 
 

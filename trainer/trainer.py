@@ -255,6 +255,7 @@ class Trainer:
         if report is not None:
             row["tau"] = report.held_out.tau
             row["slot_acceptance"] = report.held_out.slot_acceptance
+            row["held_out_slot_accuracy"] = report.held_out.slot_accuracy
         if self.last_probe is not None:
             row["probe"] = self.last_probe.row()
         extra, suffix = self.source.extra()

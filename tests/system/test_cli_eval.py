@@ -70,6 +70,7 @@ def check_report(stdout: str) -> dict:
     assert report["tau"] >= 1.0
     assert report["lossless_checked"] is True
     assert len(report["slot_acceptance"]) == report["block_size"] - 1 == BLOCK - 1
+    assert len(report["slot_accuracy"]) == BLOCK - 1  # at every output position
     assert report["prompts"] == 2
     lookup = report["baselines"]["prompt_lookup"]  # on by default, on the same prompts
     assert lookup["prompts"] == 2 and lookup["new_tokens"] == report["new_tokens"]

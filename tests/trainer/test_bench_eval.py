@@ -38,6 +38,10 @@ def check_point(point: dict, *, samples: int, steps: int, batch: int = 4) -> Non
         assert 1.0 <= row["tau"] <= BLOCK
         assert row["lossless"] is True and row["lossless_checked"] is True
         assert row["tau"] == pytest.approx(1 + sum(row["slot_acceptance"]))
+    for row in (point["held_out"], point["train_prompts"]):  # the drafter's, not the baseline's
+        assert len(row["slot_accuracy"]) == BLOCK - 1
+        assert all(0.0 <= a <= 1.0 for a in row["slot_accuracy"])
+    assert point["baselines"]["prompt_lookup"]["slot_accuracy"] is None
 
 
 def test_smoke_points_and_train_data(tmp_path: Path) -> None:

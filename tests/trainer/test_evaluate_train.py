@@ -12,15 +12,18 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 import trainer.data as data_module
 from trainer.config import TrainConfigError, config_from_dict
 from trainer.data import load_samples
 from trainer.eval_prompts import prompt_of_sample
-from trainer.speculative import DFlashDrafter, evaluate
+from trainer.speculative import DFlashDrafter, EvalReport, evaluate, greedy_decode
+from trainer.target import Target
 from trainer.trainer import Trainer
 
 BLOCK = 4
@@ -47,8 +50,21 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("demo-assets")
 
 
-def train_and_evaluate(assets: Path, out: Path) -> tuple[list[float], float]:
-    """(training accuracy per slot over the last 10 steps, τ on the training prompts)."""
+@dataclass
+class Trained:
+    accuracy: list[float]  # training accuracy per slot over the last 10 steps
+    report: EvalReport  # on the training prompts
+    block: DFlashDrafter
+    target: Target
+    prompts: list[list[int]]
+
+    @property
+    def tau(self) -> float:
+        return self.report.tau
+
+
+def train_and_evaluate(assets: Path, out: Path) -> Trained:
+    """Train on the demo data, then evaluate on the training prompts."""
     trainer = Trainer(config_from_dict(make_config(assets)), out, emit=lambda _: None)
     results = trainer.run()
     tail = [r.slot_accuracy for r in results[-10:]]
@@ -62,18 +78,39 @@ def train_and_evaluate(assets: Path, out: Path) -> tuple[list[float], float]:
     )
     report = evaluate(target, block, prompts, max_new_tokens=BASE["demo"]["gen_len"])
     assert report.lossless_checked
-    return accuracy, report.tau
+    return Trained(accuracy, report, block, target, prompts)
 
 
 @pytest.fixture(scope="module")
-def trained(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[float], float]:
+def trained(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> Trained:
     return train_and_evaluate(assets, tmp_path_factory.mktemp("run"))
 
 
 @pytest.mark.slow
 def test_trained_drafter_raises_tau(trained) -> None:
-    accuracy, tau = trained
-    assert tau > 1.5, (tau, accuracy)
+    assert trained.tau > 1.5, (trained.tau, trained.accuracy)
+
+
+@pytest.mark.slow
+def test_accuracy_at_every_position_is_the_training_measure(trained) -> None:
+    """On the contexts it trained on, the drafter's accuracy by slot at every output position
+    is its training accuracy; and it is what separate `draft` calls, one per anchor, give."""
+    every = trained.report.slot_accuracy
+    assert every is not None and len(every) == BLOCK - 1
+    assert every[0] > 0.5, every
+    for got, want in zip(every, trained.accuracy, strict=True):
+        assert abs(got - want) < 0.15, (every, trained.accuracy)
+    right = [0] * (BLOCK - 1)
+    blocks = 0
+    for prompt in trained.prompts:
+        seq = [*prompt, *greedy_decode(trained.target, prompt, BASE["demo"]["gen_len"])]
+        ids = torch.tensor([seq])
+        features = trained.target(ids).features
+        for a in range(len(prompt), len(seq) - BLOCK + 1):
+            draft = trained.block.draft(features[:, :a], ids[:, : a + 1], a).tolist()
+            right = [r + (d == t) for r, d, t in zip(right, draft, seq[a + 1 :], strict=False)]
+            blocks += 1
+    assert every == pytest.approx([r / blocks for r in right], abs=1e-12)
 
 
 @pytest.mark.slow
@@ -88,11 +125,14 @@ def test_off_by_one_labels_train_well_but_tau_stays_near_one(
         return right(input_ids, loss_mask, (anchors - 1).clamp(min=0), valid, block_size)
 
     monkeypatch.setattr(data_module, "block_labels", shifted)
-    accuracy, tau = train_and_evaluate(assets, tmp_path / "run")
-    right_accuracy, right_tau = trained
+    shifted_run = train_and_evaluate(assets, tmp_path / "run")
+    accuracy, tau = shifted_run.accuracy, shifted_run.tau
     assert accuracy[0] > 0.9, accuracy  # slot 1 copies the anchor token it can see
-    assert sum(accuracy) >= 0.9 * sum(right_accuracy), (accuracy, right_accuracy)
-    assert tau < 1.3 and right_tau - tau > 0.3, (tau, right_tau)
+    assert sum(accuracy) >= 0.9 * sum(trained.accuracy), (accuracy, trained.accuracy)
+    assert tau < 1.3 and trained.tau - tau > 0.3, (tau, trained.tau)
+    # measured at every position of the target's output, the accuracy says so too
+    every = shifted_run.report.slot_accuracy
+    assert every is not None and every[0] < 0.3, every
 
 
 def test_training_logs_tau_on_held_out_samples(tmp_path, assets) -> None:
@@ -113,7 +153,7 @@ def test_training_logs_tau_on_held_out_samples(tmp_path, assets) -> None:
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [2, 3, 4]
     assert 1.0 <= rows[0]["tau"] <= BLOCK and "tau" not in rows[1]
-    assert len(rows[2]["slot_acceptance"]) == BLOCK - 1
+    assert len(rows[2]["slot_acceptance"]) == len(rows[2]["held_out_slot_accuracy"]) == BLOCK - 1
 
 
 def test_eval_settings_are_checked(assets) -> None:

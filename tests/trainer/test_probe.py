@@ -177,6 +177,9 @@ def test_tensorboard_curves_of_the_run(memorised: Run) -> None:
     ]:
         want = [(r["step"], pytest.approx(r["probe"][key], rel=1e-6)) for r in probed]
         assert curves[tag] == want, tag
+    # the probe's accuracy at every held-out position, beside the training accuracy's curves
+    want = [(r["step"], pytest.approx(r["held_out_slot_accuracy"][0], rel=1e-6)) for r in probed]
+    assert curves["held_out_accuracy/slot_1"] == want
 
 
 @needs_tensorboard

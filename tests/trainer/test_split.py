@@ -302,6 +302,9 @@ def test_the_split_run_probes_held_out_tau_like_the_colocated_run(tmp_path, asse
         assert mine["probe"]["step"] == mine["step"] == theirs["step"]
         assert mine["tau"] >= 1.0 and mine["tau"] == pytest.approx(theirs["tau"], rel=1e-9)
         assert mine["slot_acceptance"] == pytest.approx(theirs["slot_acceptance"], rel=1e-9)
+        assert mine["held_out_slot_accuracy"] == pytest.approx(
+            theirs["held_out_slot_accuracy"], rel=1e-9
+        )
         for key in ("tau_train", "tau_prompt_lookup"):
             assert mine["probe"][key] == pytest.approx(theirs["probe"][key], rel=1e-9)
     assert split[2]["probe"]["step"] == 2  # the latest probe, repeated on later rows
