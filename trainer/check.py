@@ -4,9 +4,10 @@
 
 In order: the keys, types and combinations of the config (`trainer.config`: the trainer's own
 validation); the target folder (config.json readable, a supported family, the shape keys the
-drafter copies, `model.target_layers` in range, weights present); the data file (readable, its
-first lines parse with the loader's own parsers — chat and text lines also rendered with the
-target's tokenizer and chat template, as the loader does); `eval.prompts` readable. torch is not
+drafter copies, `model.target_layers` and `model.init_layers` in range, weights present); the
+data file (readable, its first lines parse with the loader's own parsers — chat and text lines
+also rendered with the target's tokenizer and chat template, as the loader does);
+`eval.prompts` readable. torch is not
 imported for a tokenized or demo config; a chat or text file loads `transformers` for the
 tokenizer.
 
@@ -119,6 +120,13 @@ def check_target(config: TrainConfig) -> str:
             "model.target_layers",
             f"{out} outside 0…{layers - 2} for the {layers}-layer target in {folder}",
             "Pick layers of the target, or leave model.target_layers unset (spread evenly).",
+        )
+    out = [i for i in config.model.init_layers or [] if not 0 <= i < layers]
+    if out:
+        raise fail(
+            "model.init_layers",
+            f"{out} outside 0…{layers - 1} for the {layers}-layer target in {folder}",
+            "Pick layers of the target, or leave model.init_layers unset (random weights).",
         )
     if not any(p.suffix in (".safetensors", ".bin") for p in folder.iterdir()):
         raise fail("model.target", f"{folder} has no weights (*.safetensors, *.bin)", hint)

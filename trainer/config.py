@@ -42,9 +42,19 @@ class ModelConfig:
     sliding_window: int | None = None
     sliding_layers: list[int] = field(default_factory=list)  # drafter layers using the window
     sliding_causal: bool = True  # windowed layers are causal inside the block (as served)
+    # target layers whose weights start the drafter's layers, one per drafter layer (and the
+    # target's final norm starts the drafter's); None: random weights
+    init_layers: list[int] | None = None
 
     def __post_init__(self) -> None:
         _positive("model.num_layers", self.num_layers)
+        starts = self.init_layers
+        if starts is not None and (len(starts) != self.num_layers or min(starts) < 0):
+            raise TrainConfigError(
+                "model.init_layers",
+                f"{starts}: one target layer index (≥ 0) per drafter layer "
+                f"({self.num_layers}, model.num_layers), e.g. {list(range(self.num_layers))}",
+            )
         if self.block_size < 2:
             raise TrainConfigError("model.block_size", f"must be ≥ 2, got {self.block_size}")
         _positive("model.num_target_layers", self.num_target_layers)
@@ -320,6 +330,8 @@ class TrainConfig:
         for key, default in _ADDED_LATER.items():  # checkpoints written before them still match
             if flat.get(key) == default:
                 del flat[key]
+        for key in _STARTING_WEIGHTS:  # a checkpoint's weights replace them on resume
+            flat.pop(key, None)
         return flat
 
     def schedule_settings(self) -> dict[str, Any]:
@@ -345,6 +357,8 @@ class TrainConfig:
 # Model/data keys added after checkpoints were written without them: left out of the settings a
 # checkpoint is tied to while they keep their default, so those checkpoints still resume.
 _ADDED_LATER: dict[str, Any] = {"data.enable_thinking": None, "data.system_prompt": ""}
+# Keys that only choose the weights of step 0: a resumed run may change them.
+_STARTING_WEIGHTS = ("model.init_layers",)
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,

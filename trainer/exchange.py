@@ -346,6 +346,9 @@ class DrafterEndpoint:
                 )
 
 
+STARTING = "start."  # among the frozen tensors: the target weights a drafter starts from
+
+
 def share_frozen(
     session: Session, tensors: dict[str, Tensor] | None, *, device: torch.device
 ) -> dict[str, Tensor]:

@@ -22,6 +22,7 @@ bias, plain RoPE) may be served differently, and the exporter refuses those that
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -224,6 +225,28 @@ class Drafter(nn.Module):
                 nn.init.normal_(m.weight, std=std)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
+
+    @torch.no_grad()
+    def start_from(self, weights: Mapping[str, Tensor]) -> None:
+        """Copy a target's layer and final-norm weights into the drafter (`model.init_layers`,
+        `Target.starting_weights`): every parameter of the decoder layers and the final norm
+        must be given with its shape; `fc` and `hidden_norm`, which read the target's features,
+        keep their own start."""
+        own = {
+            name: p for name, p in self.named_parameters() if name.startswith(("layers.", "norm."))
+        }
+        missing = sorted(set(own) - set(weights))
+        extra = sorted(set(weights) - set(own))
+        wrong = [n for n in own if n in weights and weights[n].shape != own[n].shape]
+        if missing or extra or wrong:
+            raise TrainConfigError(
+                "model.init_layers",
+                "the target's layers do not fit the drafter's "
+                f"(missing {missing[:4]}, unknown {extra[:4]}, other shapes {wrong[:4]}); "
+                "remove the key to start from random weights",
+            )
+        for name, p in own.items():
+            p.copy_(weights[name].to(device=p.device, dtype=p.dtype))
 
     def compile_layers(self, **options: Any) -> None:
         """Compile each decoder layer in place (`nn.Module.compile`: parameter names unchanged).

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
 
@@ -161,14 +162,17 @@ class DrafterWorker:
     def for_target(cls, target: Target, config: TrainConfig, device: torch.device) -> DrafterWorker:
         """A new drafter shaped after `target` on `device`, sharing its frozen embedding and
         lm_head (copied to `device` when the target lives elsewhere), trained per `config`.
-        Seed the global generator first: it initialises the drafter's weights."""
+        Seed the global generator first: it initialises the drafter's weights (those that
+        `model.init_layers` does not take from the target)."""
         shape = shape_from_target(target.config, config.model, num_features=len(target.layers))
+        layers = config.model.init_layers
         return cls.for_config(
             shape,
             config,
             device,
             embed_weight=target.embed_weight,
             lm_head_weight=target.lm_head_weight,
+            starting_weights=target.starting_weights(layers) if layers else None,
         )
 
     @classmethod
@@ -180,11 +184,16 @@ class DrafterWorker:
         *,
         embed_weight: Tensor,
         lm_head_weight: Tensor,
+        starting_weights: Mapping[str, Tensor] | None = None,
     ) -> DrafterWorker:
         """A new drafter of `shape` on `device` with the frozen embedding and lm_head (moved to
-        `device`), its optimizer, schedule, noise and compile taken from `config`."""
+        `device`), its optimizer, schedule, noise and compile taken from `config`; its layers
+        start from `starting_weights` when given (`Target.starting_weights`)."""
+        drafter = Drafter(shape, attention_kernels=config.run.attention_kernels).to(device)
+        if starting_weights is not None:
+            drafter.start_from(starting_weights)
         return cls(
-            Drafter(shape, attention_kernels=config.run.attention_kernels).to(device),
+            drafter,
             embed_weight=embed_weight.to(device),
             lm_head_weight=lm_head_weight.to(device),
             optim=config.optim,

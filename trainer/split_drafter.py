@@ -31,7 +31,7 @@ import torch.distributed as dist
 from trainer.config import TrainConfig
 from trainer.data import DataPosition
 from trainer.distributed import DRAFTER, PeerFailed, Session
-from trainer.exchange import Claim, DrafterEndpoint, share_frozen
+from trainer.exchange import STARTING, Claim, DrafterEndpoint, share_frozen
 from trainer.features import StepSummary
 from trainer.metrics import RankStats, RoleMetrics
 from trainer.model import Drafter, shape_from_target
@@ -88,12 +88,16 @@ class TargetRanks:
         shape = shape_from_target(
             target_config, config.model, num_features=len(self.meta["layers"])
         )
+        starting = {
+            k.removeprefix(STARTING): t for k, t in frozen.items() if k.startswith(STARTING)
+        }
         return DrafterWorker.for_config(
             shape,
             config,
             self.device,
             embed_weight=frozen["embed"],
             lm_head_weight=frozen["lm_head"],
+            starting_weights=starting or None,
         )
 
     def target_layers(self) -> list[int]:

@@ -28,7 +28,7 @@ from trainer.data import (
     split_holdout,
 )
 from trainer.distributed import TARGET, Session
-from trainer.exchange import TargetEndpoint, share_frozen
+from trainer.exchange import STARTING, TargetEndpoint, share_frozen
 from trainer.metrics import RankStats
 from trainer.model import Drafter, shape_from_target
 from trainer.pipeline import TargetWorker
@@ -60,7 +60,7 @@ def serve_features(
     bsz = config.data.batch_size
     per_epoch = len(stream.samples) // bsz
     if roles.rank == 0:
-        _start_drafters(session, target, per_epoch, bsz, len(stream.samples))
+        _start_drafters(session, config, target, per_epoch, len(stream.samples))
     server = _probe_server(session, config, target, held_out, samples)
     start = json.loads(session.wait_get("start", what="drafter rank 0 to resume or start"))
     first = json.loads(session.wait_get("data", what="target rank 0"))["first"]
@@ -119,17 +119,19 @@ def serve_features(
 
 
 def _start_drafters(
-    session: Session, target: Target, per_epoch: int, batch_size: int, samples: int
+    session: Session, config: TrainConfig, target: Target, per_epoch: int, samples: int
 ) -> None:
-    """Target rank 0: what the drafters need before training (see the module docstring)."""
+    """Target rank 0: what the drafters need before training (see the module docstring); with
+    `model.init_layers`, the target layers that start the drafter too (`start.…`)."""
     store = session.store
+    batch_size = config.data.batch_size
     meta = {"config": target.config.to_dict(), "layers": target.layers}
     store.set("target_meta", json.dumps(meta))
-    share_frozen(
-        session,
-        {"embed": target.embed_weight, "lm_head": target.lm_head_weight},
-        device=session.device,
-    )
+    frozen = {"embed": target.embed_weight, "lm_head": target.lm_head_weight}
+    if config.model.init_layers:
+        weights = target.starting_weights(config.model.init_layers)
+        frozen.update({f"{STARTING}{name}": t for name, t in weights.items()})
+    share_frozen(session, frozen, device=session.device)
     start = json.loads(session.wait_get("start", what="drafter rank 0 to resume or start"))
     first = batch_index(
         DataPosition(**start["position"]), per_epoch=per_epoch, batch_size=batch_size

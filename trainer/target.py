@@ -71,6 +71,26 @@ class Target:
     def device(self) -> torch.device:
         return self.embed_weight.device
 
+    def starting_weights(self, layers: list[int]) -> dict[str, torch.Tensor]:
+        """The weights that start a drafter from this target (`model.init_layers`): decoder
+        layer `layers[i]` under the drafter's names `layers.i.…`, and the final norm as `norm.…`.
+        The drafter's layers are Qwen3-style like the target's, so the names below a layer are
+        the same."""
+        base = getattr(self.model, self.model.base_model_prefix)
+        count = len(base.layers)
+        bad = [j for j in layers if not 0 <= j < count]
+        if bad:
+            raise TrainConfigError(
+                "model.init_layers", f"{bad} outside 0…{count - 1} for a {count}-layer target"
+            )
+        weights = {
+            f"layers.{i}.{name}": tensor
+            for i, j in enumerate(layers)
+            for name, tensor in base.layers[j].state_dict().items()
+        }
+        weights.update({f"norm.{name}": t for name, t in base.norm.state_dict().items()})
+        return weights
+
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor) -> TargetOutput:
         """input_ids (Bsz, S), right-padded: causal attention keeps real positions clean."""

@@ -161,6 +161,9 @@ def test_the_target_must_be_a_supported_family_with_weights(
     path = config(tmp_path, target, tokenized(tmp_path), "")
     code, _, err = check(capsys, path, "--set", "model.target_layers=[1, 3]")
     assert code == 1 and "model.target_layers: [3] outside 0…2 for the 4-layer target" in err
+    starts = ("--set", "model.num_layers=2", "--set", "model.init_layers=[0, 4]")
+    code, _, err = check(capsys, path, *starts)
+    assert code == 1 and "model.init_layers: [4] outside 0…3 for the 4-layer target" in err
 
 
 def test_token_ids_past_the_targets_vocabulary_are_caught(

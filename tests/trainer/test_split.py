@@ -46,11 +46,12 @@ def write_config(
     *,
     data: dict[str, object] | None = None,
     evaluation: dict[str, object] | None = None,
+    model: dict[str, object] | None = None,
     **run: object,
 ) -> Path:
     lines = ["[demo]", "enabled = true", f"folder = {json.dumps(str(assets))}"]
     lines += [f"{k} = {json.dumps(v)}" for k, v in DEMO.items()]
-    changes = {"run": run, "data": data or {}, "eval": evaluation or {}}
+    changes = {"run": run, "data": data or {}, "eval": evaluation or {}, "model": model or {}}
     for name, values in {**TABLES, "eval": {}}.items():
         values = {**values, **changes.get(name, {})}
         lines.append(f"[{name}]")
@@ -143,10 +144,13 @@ def run_split(
     targets: int,
     data: dict | None = None,
     evaluation: dict | None = None,
+    model: dict | None = None,
     **run: object,
 ):
     out = tmp_path / f"run-{uuid.uuid4().hex[:8]}"
-    cfg = write_config(tmp_path / "c.toml", assets, data=data, evaluation=evaluation, **run)
+    cfg = write_config(
+        tmp_path / "c.toml", assets, data=data, evaluation=evaluation, model=model, **run
+    )
     proc = torchrun(cfg, out, procs=procs, targets=targets)
     log = finish(proc, 90)
     assert proc.returncode == 0, log[-4000:]
@@ -212,6 +216,28 @@ def test_one_plus_one_repeats_colocated_losses(tmp_path, assets) -> None:
     cfg = load_config(write_config(tmp_path / "c3.toml", assets, steps=4, checkpoint_every=0))
     colocated = [r.loss for r in Trainer(cfg, tmp_path / "colo", emit=lambda _: None).run()]
     assert split == pytest.approx(colocated, rel=1e-6, abs=0)
+
+
+@pytest.mark.slow
+def test_a_drafter_started_from_target_layers_trains_as_colocated(tmp_path, assets) -> None:
+    """`model.init_layers` in a split run: the drafter ranks, which never load the target, get
+    the layers from target rank 0 and train exactly as a colocated run started the same way."""
+    from trainer.config import load_config
+    from trainer.trainer import Trainer
+
+    start = {"init_layers": [3]}
+    out, _, _ = run_split(
+        tmp_path, assets, procs=2, targets=1, steps=3, checkpoint_every=0, model=start
+    )
+    split = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    def colocated(name: str, model: dict | None) -> list[float]:
+        path = tmp_path / f"{name}.toml"
+        cfg = write_config(path, assets, steps=3, checkpoint_every=0, model=model)
+        return [r.loss for r in Trainer(load_config(cfg), tmp_path / name, emit=print).run()]
+
+    assert split == pytest.approx(colocated("started", start), rel=1e-6, abs=0)
+    assert split != pytest.approx(colocated("random", None), rel=1e-3)  # the start matters
 
 
 @pytest.mark.slow
