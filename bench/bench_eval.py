@@ -211,7 +211,7 @@ def train_target(
     return model, {
         "steps": step,
         "seconds": time.perf_counter() - start,
-        "final_loss": float(loss),
+        "final_loss": loss.item(),
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
         "config": {k: getattr(cfg, k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
     }
@@ -712,10 +712,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--lookup-max-n", type=int, default=4, help="prompt lookup: n-grams n…1")
     args = p.parse_args(argv)
-    try:  # a bad --set is refused now, not after minutes of target training
-        config_from_dict({"model": {"target": "later"}, "data": {"path": "later"}}, args.overrides)
-    except TrainConfigError as exc:
-        p.error(f"--set: {exc}")
     if args.train_data and not args.reuse_target:
         p.error("--train-data needs --reuse-target: data made with the target saved in --work")
     if args.smoke:
@@ -742,6 +738,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
         for key, value in small.items():
             setattr(args, key, value)
+    try:  # a bad --set is refused now, not after minutes of target training
+        drafter_config(args, Path("later"), Path("later"), torch.device("cpu"))
+    except TrainConfigError as exc:
+        p.error(f"--set: {exc}")
     if args.demo_cpu:
         args.eval_prompts = 16 if args.eval_prompts == 32 else args.eval_prompts
     if args.out is None and not (args.smoke or args.demo_cpu):

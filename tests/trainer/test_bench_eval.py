@@ -83,16 +83,17 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
     again = bench(
         "--work", str(work), "--out", str(out), "--reuse-target", "--train-data", sources,
         "--drafter-steps", "4", "--feature-layers", "0", "--kl-weight", "0.5",
-        "--set", "loss.gamma=2",
+        "--set", "loss.gamma=2", "--set", "model.init_layers=[1]",
     )  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     reused = json.loads(out.read_text())
     assert reused["training_data"] == sources.replace(",", ", ")
     assert reused["target"] == {"reused": str(work / "target")}
     assert reused["recipe"]["feature_layers"] == [0] and reused["recipe"]["kl_weight"] == 0.5
-    assert reused["recipe"]["overrides"] == ["loss.gamma=2"]
+    assert reused["recipe"]["overrides"] == ["loss.gamma=2", "model.init_layers=[1]"]
     (manifest,) = (work / "run-8").glob("step-*/manifest.json")  # what the drafter trained with
-    assert json.loads(manifest.read_text())["resolved"]["loss.gamma"] == 2.0
+    resolved = json.loads(manifest.read_text())["resolved"]
+    assert resolved["loss.gamma"] == 2.0 and resolved["model.init_layers"] == [1]
     assert [p["samples"] for p in reused["points"]] == [8, 16]  # of 8 + 16 given
     check_point(reused["points"][0], samples=8, steps=4)
     assert reused["baselines"]["prompt_lookup"]["tau"] == lookup["tau"]  # same target, prompts
@@ -107,6 +108,12 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
 
     typo = bench("--work", str(work), "--set", "loss.gama=2")
     assert typo.returncode == 2 and "--set: loss.gama: unknown key" in typo.stderr
+    # checked against the benchmark's own drafter (one layer in the smoke run)
+    wrong = bench("--work", str(work), "--set", "model.init_layers=[0,1]")
+    assert (
+        wrong.returncode == 2
+        and "one target layer index (≥ 0) per drafter layer (1" in wrong.stderr
+    )
     refused = bench("--work", str(work), "--train-data", str(data))
     assert refused.returncode == 2 and "--train-data needs --reuse-target" in refused.stderr
     bad = bench("--work", str(work), "--gen-temperatures", "0,0")
