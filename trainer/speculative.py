@@ -20,9 +20,11 @@ The target recomputes the whole prefix at each verify (no KV cache): simple and 
 correct, and cheap at the sizes this runs on. `evaluate` reports τ, the mean acceptance length
 (tokens per verify forward, bonus included, as found by the verify pass even where the output is
 then cut at the token budget or EOS); per-slot acceptance (the fraction of verify passes whose
-draft at slot k was accepted, so τ = 1 + Σ_k rate_k); the speed-up in target forwards against
-plain greedy decoding (one forward per new token); and, when asked, a lossless check against the
-target's own greedy output computed by plain decoding — a difference raises `LosslessViolation`.
+draft at slot k was accepted, so τ = 1 + Σ_k rate_k); for a trained drafter, its accuracy by
+slot at every output position (`trainer.slot_accuracy`, the training log's measure); the
+speed-up in target forwards against plain greedy decoding (one forward per new token); and, when
+asked, a lossless check against the target's own greedy output computed by plain decoding — a
+difference raises `LosslessViolation`.
 Any `BlockDrafter` can be judged: a trained drafter (`DFlashDrafter`) or a baseline such as
 prompt lookup (`trainer.prompt_lookup`), which may propose fewer than B−1 tokens; the verify
 pass then covers only what was proposed.
