@@ -89,13 +89,14 @@ def start(
 
 def summary(out: Path, names: list[str]) -> list[str]:
     rows = [
-        "| recipe | samples | steps | epochs | held-out τ | prompt lookup τ | training-prompt τ |"
+        "| recipe | samples | steps | epochs | held-out τ | prompt lookup τ | training-prompt τ "
+        "| held-out acc% at every position |"
     ]
-    rows.append("| --- | --- | --- | --- | --- | --- | --- |")
+    rows.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in names:
         path = out / f"{name}.json"
         if not path.is_file():
-            rows.append(f"| {name} | (no result) | | | | | |")
+            rows.append(f"| {name} | (no result) | | | | | | |")
             continue
         result = json.loads(path.read_text())
         for point in result.get("points", []):
@@ -103,9 +104,14 @@ def summary(out: Path, names: list[str]) -> list[str]:
                 f"| {name} | {point['samples']:,} | {point['drafter']['steps']:,} "
                 f"| {point['epochs']:.1f} | {point['held_out']['tau']:.2f} "
                 f"| {point['baselines']['prompt_lookup']['tau']:.2f} "
-                f"| {point['train_prompts']['tau']:.2f} |"
+                f"| {point['train_prompts']['tau']:.2f} "
+                f"| {percents(point['held_out'].get('slot_accuracy'))} |"
             )
     return rows
+
+
+def percents(rates: list[float] | None) -> str:
+    return "—" if rates is None else " ".join(f"{100 * r:.0f}" for r in rates)
 
 
 def main(argv: list[str] | None = None) -> int:

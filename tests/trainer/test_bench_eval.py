@@ -147,6 +147,7 @@ def test_recipes_side_by_side_share_one_target_and_data(tmp_path: Path) -> None:
     table = (out / "summary.md").read_text().splitlines()
     assert table[0].startswith("| recipe | samples |") and len(table) == 2 + 2 + 2  # 2 points each
     assert table[2].startswith("| greedy | 8 | 2 |") and table[4].startswith("| mixed | 8 | 2 |")
+    assert len(table[2].split("|")[-2].split()) == BLOCK - 1  # held-out accuracy by slot
 
     bad = subprocess.run(
         [sys.executable, str(COMPARE), "--work", str(work), "--out", str(out), "--skip-prepare",
