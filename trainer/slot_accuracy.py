@@ -51,10 +51,11 @@ class SlotAccuracy:
         if not anchors:
             return
         features = self.target(ids).features  # (1, S, n·H)
+        head = self.drafter.lm_head_weight.float().T  # (H, V): fp32, as `draft` proposes
         for start in range(0, len(anchors), ANCHORS_PER_FORWARD):
             chunk = anchors[start : start + ANCHORS_PER_FORWARD]
             hidden = self.drafter.blocks_hidden(features, ids, chunk)  # (N, B, H)
-            logits = hidden[:, 1:].float() @ self.drafter.lm_head_weight.float().T
+            logits = hidden[:, 1:].float() @ head
             labels = torch.stack([ids[0, a + 1 : a + b] for a in chunk])  # (N, B−1)
             self.right += (logits.argmax(-1) == labels).sum(0).cpu()
             self.blocks += len(chunk)
