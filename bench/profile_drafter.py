@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.smoke and not torch.cuda.is_available():
         print("needs a CUDA GPU (use --smoke for a CPU check)", file=sys.stderr)
         return 2
-    spec = SMOKE if args.smoke else FULL
+    spec = {**(SMOKE if args.smoke else FULL), "attention_kernels": args.attention_kernels}
     device = torch.device("cpu" if args.smoke else "cuda")
 
     from torch._dynamo.utils import counters
@@ -131,7 +131,6 @@ def main(argv: list[str] | None = None) -> int:
         cfg = train_config(spec, data, device=device.type, steps=100)
         if args.compile != "auto":
             cfg = with_overrides(cfg, run={"compile": args.compile == "on"})
-        cfg = with_overrides(cfg, run={"attention_kernels": args.attention_kernels})
         target = load_target(
             target_config(spec), device=device, num_layers=spec["features"], seed=0
         )
