@@ -254,18 +254,20 @@ class EvalReport:
     slot_accuracy: list[float] | None = None
 
     def summary(self) -> str:
-        slots = " ".join(f"{100 * r:.0f}" for r in self.slot_acceptance)
+        slots = _percents(self.slot_acceptance)
         check = "lossless" if self.lossless_checked else "lossless not checked"
         every = ""
         if self.slot_accuracy is not None:
-            every = " | acc% at every position " + " ".join(
-                f"{100 * r:.0f}" for r in self.slot_accuracy
-            )
+            every = f" | acc% at every position {_percents(self.slot_accuracy)}"
         return (
             f"tau {self.tau:.3f} | accept% by slot {slots}{every} | {self.new_tokens} tokens, "
             f"{self.target_forwards} target forwards vs {self.plain_forwards} plain "
             f"(x{self.speedup:.2f}) | {self.prompts} prompts, B={self.block_size} | {check}"
         )
+
+
+def _percents(rates: Sequence[float]) -> str:
+    return " ".join(f"{100 * r:.0f}" for r in rates)
 
 
 def evaluate(
