@@ -11,14 +11,17 @@ training prompts, beside prompt lookup on the same target and prompts.
 GPU run, in order:
 1. corpus: the `.py` sources of Python's standard library (they ship with every Python), split by
    file: every `--holdout-every`-th file is held out (never trained on, by the target or the
-   drafter) and gives the evaluation prompts;
+   drafter) and gives the evaluation prompts; `--unseen-every K` keeps every K-th of the others
+   from the target too, so that the drafter's prompts can come from code the target answers as
+   it answers the held-out files, not by reciting what it memorised;
 2. a byte-level BPE tokenizer trained on the corpus with `tokenizers`;
 3. a Qwen3-shaped target (8 layers, hidden 768) trained from scratch for a fixed number of steps
    (`--target-steps`) on the training files, so that its greedy continuations are code-like
    rather than random, saved with `save_pretrained` (`--reuse-target`: the one a previous run
    saved in `--work`);
 4. training data (`training_samples`, the one function that picks the source): `trainer.generate`
-   (what users run) answers windows of the training files with the saved target, greedily (or
+   (what users run) answers windows of the target's training files (`--drafter-prompts
+   unseen-files`: of the files kept from it) with the saved target, greedily (or
    once per `--gen-temperatures` entry, the sets interleaved; `--gen-sampled-prefix N`: a
    temperature samples the first N tokens only, then the answer is greedy), into token shards
    supervised on the answers; or `--train-data`, data made with the same target;
@@ -51,7 +54,7 @@ import shutil
 import sys
 import sysconfig
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,16 +90,30 @@ def log(msg: str) -> None:
 # ---- corpus and tokenizer ------------------------------------------------------------------------
 
 
-def corpus(max_bytes: int, holdout_every: int) -> tuple[list[str], list[str]]:
-    """(training texts, held-out texts) from the standard library's `.py` files, sorted by path
-    so that every machine with the same Python version gets the same split."""
+@dataclass(frozen=True)
+class Corpus:
+    """The standard library's files in three parts: `train` (the target learns them), `unseen`
+    (kept from the target: prompts for the drafter's data that the target answers as it answers
+    new code, not by reciting a file it has memorised) and `held` (the evaluation's prompts,
+    never seen by the target or the drafter)."""
+
+    train: list[str]
+    unseen: list[str]
+    held: list[str]
+
+
+def corpus(max_bytes: int, holdout_every: int, unseen_every: int = 0) -> Corpus:
+    """Every `holdout_every`-th file held out; of the others, every `unseen_every`-th unseen
+    (0: none). Sorted by path, so that every machine with the same Python version gets the same
+    split."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(
         p
         for p in stdlib.rglob("*.py")
         if not {"site-packages", "dist-packages"} & set(p.parts) and p.is_file()
     )
-    train, held, total = [], [], 0
+    parts: dict[str, list[str]] = {"train": [], "unseen": [], "held": []}
+    total = kept = 0
     for i, path in enumerate(files):
         try:
             text = path.read_text(encoding="utf-8")
@@ -104,11 +121,16 @@ def corpus(max_bytes: int, holdout_every: int) -> tuple[list[str], list[str]]:
             continue
         if len(text) < 200:
             continue
-        (held if i % holdout_every == 0 else train).append(text)
+        if i % holdout_every == 0:
+            parts["held"].append(text)
+        else:
+            unseen = unseen_every > 0 and kept % unseen_every == unseen_every - 1
+            parts["unseen" if unseen else "train"].append(text)
+            kept += 1
         total += len(text)
         if total >= max_bytes:
             break
-    return train, held
+    return Corpus(**parts)
 
 
 def build_tokenizer(texts: list[str], vocab_size: int, folder: Path) -> Any:
@@ -229,7 +251,7 @@ def training_samples(args: argparse.Namespace, stream: torch.Tensor, device: tor
     """The drafter's training data (the one place to swap the source). `--train-data`: files or
     folders `trainer.data.load_samples` reads, made with this benchmark's target
     (`--reuse-target`); otherwise `trainer.generate` (the command users run) answers random
-    windows of the training files with the saved target, once per `--gen-temperatures` entry
+    windows of `stream` (the files of `--drafter-prompts`) with the saved target, once per `--gen-temperatures` entry
     (0: greedy), into token shards. Several sources are interleaved, so that the first N samples
     of every point hold each source in equal parts."""
     if args.train_data:
@@ -260,7 +282,8 @@ def generated(args: argparse.Namespace, config: Path, prompts: Path, temperature
     `trainer.generate` into `--work/<generated_name>`."""
     from trainer.generate import main as generate
 
-    out = Path(args.work) / generated_name(temperature, args.gen_sampled_prefix)
+    name = generated_name(temperature, args.gen_sampled_prefix, args.drafter_prompts)
+    out = Path(args.work) / name
     shutil.rmtree(out, ignore_errors=True)  # the target was trained anew: its answers are too
     sampling = ["--temperature", str(temperature), "--seed", "1"] if temperature else []
     if temperature and args.gen_sampled_prefix:
@@ -277,12 +300,13 @@ def generated(args: argparse.Namespace, config: Path, prompts: Path, temperature
     return load_samples(out)
 
 
-def generated_name(temperature: float, sampled_prefix: int) -> str:
+def generated_name(temperature: float, sampled_prefix: int, prompts: str = "target-files") -> str:
     """`generated` (greedy), `generated-t0.8` (sampled), `generated-t1-p16` (16 tokens sampled
-    at 1, then greedy)."""
+    at 1, then greedy); `generated-unseen…` for answers to the files kept from the target."""
+    name = "generated-unseen" if prompts == "unseen-files" else "generated"
     if temperature == 0:
-        return "generated"
-    return f"generated-t{temperature:g}" + (f"-p{sampled_prefix}" if sampled_prefix else "")
+        return name
+    return f"{name}-t{temperature:g}" + (f"-p{sampled_prefix}" if sampled_prefix else "")
 
 
 def interleave(sources: list[Any]) -> Any:
@@ -485,6 +509,27 @@ def drafter_steps(
     return steps, step_s
 
 
+SPLIT_FILE = "bench-corpus-split.json"  # beside the saved target: which files it learnt
+
+
+def split_of(args: argparse.Namespace) -> dict[str, int]:
+    return {key: getattr(args, key) for key in ("corpus_bytes", "holdout_every", "unseen_every")}
+
+
+def check_split(target_dir: Path, args: argparse.Namespace) -> None:
+    """Refuse to make data with a reused target split otherwise: "unseen" files could be ones it
+    learnt."""
+    path = target_dir / SPLIT_FILE
+    saved = json.loads(path.read_text()) if path.is_file() else {"unseen_every": 0}
+    wanted = split_of(args)
+    if any(saved.get(key, wanted[key]) != value for key, value in wanted.items()):
+        raise SystemExit(
+            f"--reuse-target: the target in {target_dir} was trained with the corpus split "
+            f"{saved}, this run asks for {wanted}: pass the same --corpus-bytes, "
+            "--holdout-every and --unseen-every, or train a target anew (no --reuse-target)"
+        )
+
+
 def target_and_tokenizer(
     args: argparse.Namespace, train_texts: list[str], device: torch.device
 ) -> tuple[Any, dict[str, Any]]:
@@ -496,11 +541,14 @@ def target_and_tokenizer(
             raise SystemExit(f"--reuse-target: no saved target in {target_dir}; run once without")
         from transformers import AutoTokenizer
 
+        if not args.train_data:  # the data made here must come from the target's own split
+            check_split(target_dir, args)
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
         return tokenizer, {"reused": str(target_dir)}
     tokenizer = build_tokenizer(train_texts, args.vocab, target_dir)
     model, info = train_target(encode(tokenizer, train_texts), tokenizer, args, device)
     model.save_pretrained(str(target_dir))
+    (target_dir / SPLIT_FILE).write_text(json.dumps(split_of(args)) + "\n")
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -512,15 +560,23 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    train_texts, held_texts = corpus(args.corpus_bytes, args.holdout_every)
-    log(f"corpus: {len(train_texts)} training files, {len(held_texts)} held out")
-    tokenizer, target_info = target_and_tokenizer(args, train_texts, device)
-    stream, held_stream = encode(tokenizer, train_texts), encode(tokenizer, held_texts)
-    log(f"tokens: {len(stream):,} training, {len(held_stream):,} held out")
+    texts = corpus(args.corpus_bytes, args.holdout_every, args.unseen_every)
+    log(
+        f"corpus: {len(texts.train)} training files, {len(texts.unseen)} kept from the target, "
+        f"{len(texts.held)} held out"
+    )
+    tokenizer, target_info = target_and_tokenizer(args, texts.train, device)
+    stream, held_stream = encode(tokenizer, texts.train), encode(tokenizer, texts.held)
+    unseen = args.drafter_prompts == "unseen-files"
+    prompt_stream = encode(tokenizer, texts.unseen) if unseen else stream
+    log(
+        f"tokens: {len(stream):,} training, {len(held_stream):,} held out; the drafter's prompts "
+        f"from {len(prompt_stream):,} tokens of the {args.drafter_prompts}"
+    )
     timings = {"target_s": time.perf_counter() - t0}
 
     t0 = time.perf_counter()
-    samples = training_samples(args, stream, device)
+    samples = training_samples(args, prompt_stream, device)
     eval_prompts = windows(held_stream, args.eval_prompts, args.prompt_len, seed=3)
     write_prompts(work / "prompts.jsonl", eval_prompts)
     timings["data_s"] = time.perf_counter() - t0
@@ -550,7 +606,7 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
         "mode": "smoke" if args.smoke else "gpu",
         "target": target_info,
         "training_data": ", ".join(args.train_data or [])
-        or "trainer.generate: answers to training-file windows at temperatures "
+        or f"trainer.generate: answers to windows of the {args.drafter_prompts} at temperatures "
         + ", ".join(f"{t:g}" for t in args.gen_temperatures)
         + (f" (sampled prefix {args.gen_sampled_prefix})" if args.gen_sampled_prefix else ""),
         "recipe": recipe(args),
@@ -574,6 +630,7 @@ def recipe(args: argparse.Namespace) -> dict[str, Any]:
     keys = (
         "drafter_layers", "block_size", "drafter_batch", "anchors", "drafter_lr", "kl_weight",
         "feature_layers", "gen_temperatures", "gen_sampled_prefix", "overrides",
+        "unseen_every", "drafter_prompts",
     )  # fmt: skip
     return {key: getattr(args, key) for key in keys}
 
@@ -681,6 +738,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--reuse-target", action="store_true", help="reuse the target saved in --work/target"
     )
+    p.add_argument(
+        "--unseen-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="keep every K-th file that is not held out from the target (0: none, else ≥ 2)",
+    )
+    p.add_argument(
+        "--drafter-prompts",
+        choices=("target-files", "unseen-files"),
+        default="target-files",
+        help="where the drafter's generated data gets its prompts: windows of the target's "
+        "training files, or of the files kept from it (--unseen-every)",
+    )
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--gen-len", type=int, default=192)
     p.add_argument("--gen-batch", type=int, default=2048)
@@ -714,6 +785,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.train_data and not args.reuse_target:
         p.error("--train-data needs --reuse-target: data made with the target saved in --work")
+    if args.unseen_every < 0 or args.unseen_every == 1:
+        p.error("--unseen-every: 0 (no file kept from the target) or K ≥ 2")
+    if args.drafter_prompts == "unseen-files" and not args.unseen_every:
+        p.error("--drafter-prompts unseen-files needs --unseen-every K: which files to keep")
     if args.smoke:
         small = dict(
             corpus_bytes=150_000,

@@ -120,6 +120,58 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "distinct temperatures" in bad.stderr
 
 
+def test_corpus_split_keeps_files_from_the_target_without_moving_the_held_out_ones() -> None:
+    from bench.bench_eval import corpus
+
+    plain, split = corpus(400_000, 4, 0), corpus(400_000, 4, 3)
+    assert split.held == plain.held  # the evaluation's prompts do not depend on the split
+    assert plain.unseen == []
+    assert sorted(split.train + split.unseen) == sorted(plain.train)
+    assert not set(split.train) & set(split.unseen)
+    assert split.unseen == plain.train[2::3]  # every third file the target would have learnt
+
+
+def windows_of(stream: list[int], prompts: list[list[int]]) -> bool:
+    """Whether every prompt is a run of consecutive tokens of `stream`."""
+    text = "," + ",".join(map(str, stream)) + ","
+    return all("," + ",".join(map(str, p)) + "," in text for p in prompts)
+
+
+def test_drafter_prompts_from_files_the_target_never_learnt(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from bench.bench_eval import corpus, encode
+
+    work, out = tmp_path / "work", tmp_path / "prepare.json"
+    split = ("--unseen-every", "2", "--drafter-prompts", "unseen-files")
+    run = bench("--work", str(work), "--out", str(out), "--prepare-only", *split)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "kept from the target" in run.stdout
+    tokenizer = AutoTokenizer.from_pretrained(str(work / "target"), local_files_only=True)
+    texts = corpus(150_000, 20, 2)  # the smoke run's corpus
+    unseen, learnt = (encode(tokenizer, t).tolist() for t in (texts.unseen, texts.train))
+    prompts = [json.loads(line)["input_ids"] for line in (work / "generate-prompts.jsonl").open()]
+    assert len(prompts) == 16 and windows_of(unseen, prompts)
+    assert not windows_of(learnt, prompts)
+    answers = load_samples(work / "generated-unseen")
+    assert sorted(s.input_ids[: len(prompts[0])] for s in answers) == sorted(prompts)
+
+    # data made anew from a reused target must come from the split it was trained with
+    other = bench("--work", str(work), "--reuse-target", "--prepare-only", "--unseen-every", "3")
+    assert other.returncode != 0 and "was trained with the corpus split" in other.stderr
+    again = bench("--work", str(work), "--reuse-target", "--prepare-only", "--out", str(out),
+                  "--unseen-every", "2")  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]  # same split: the target's own files
+    assert len(load_samples(work / "generated")) == 16
+
+    for argv, message in (
+        (("--drafter-prompts", "unseen-files"), "needs --unseen-every K"),
+        (("--unseen-every", "1"), "0 (no file kept from the target) or K ≥ 2"),
+    ):
+        refused = bench("--work", str(work), *argv)
+        assert refused.returncode == 2 and message in refused.stderr
+
+
 COMPARE = REPO / "bench" / "compare_recipes.py"
 
 
