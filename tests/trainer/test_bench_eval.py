@@ -220,3 +220,28 @@ def test_recipes_take_the_visible_gpus_in_turn(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert visible_gpus() == []
     assert gpu_env(3, []) == dict(os.environ)
+
+
+def test_prompt_sources_side_by_side(tmp_path: Path) -> None:
+    """`compare_prompt_sources.sh`: one target, its answers to its own files and to the kept
+    ones, a drafter on each."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "STEPS": "2", "FEATURES": "0"}
+    run = subprocess.run(
+        [str(REPO / "bench" / "compare_prompt_sources.sh"), str(work), str(out), "--smoke"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    own, kept = (
+        json.loads((out / f"{n}.json").read_text()) for n in ("target-files", "unseen-files")
+    )
+    assert own["training_data"] == str(work / "generated-t1-p16")
+    assert kept["training_data"] == str(work / "generated-unseen-t1-p16")
+    lookups = [{k: v for k, v in r["baselines"]["prompt_lookup"].items() if k != "seconds"}
+               for r in (own, kept)]  # fmt: skip
+    assert lookups[0] == lookups[1]  # one target, the same held-out prompts
+    assert (
+        json.loads((work / "target" / "bench-corpus-split.json").read_text())["unseen_every"] == 4
+    )
+    table = (out / "summary.md").read_text()
+    assert "| target-files |" in table and "| unseen-files |" in table
