@@ -251,8 +251,8 @@ def training_samples(args: argparse.Namespace, stream: torch.Tensor, device: tor
     """The drafter's training data (the one place to swap the source). `--train-data`: files or
     folders `trainer.data.load_samples` reads, made with this benchmark's target
     (`--reuse-target`); otherwise `trainer.generate` (the command users run) answers random
-    windows of `stream` (the files of `--drafter-prompts`) with the saved target, once per `--gen-temperatures` entry
-    (0: greedy), into token shards. Several sources are interleaved, so that the first N samples
+    windows of `stream` (the files of `--drafter-prompts`) with the saved target, once per
+    `--gen-temperatures` entry (0: greedy), into token shards. Several sources are interleaved, so that the first N samples
     of every point hold each source in equal parts."""
     if args.train_data:
         max_len = args.prompt_len + args.gen_len

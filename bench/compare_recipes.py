@@ -89,7 +89,8 @@ def start(
 
 def summary(out: Path, names: list[str]) -> list[str]:
     rows = [
-        "| recipe | samples | steps | epochs | held-out τ | prompt lookup τ | training-prompt τ "
+        "| recipe | samples | steps | epochs | held-out τ (95 % interval) | prompt lookup τ "
+        "| training-prompt τ "
         "| held-out acc% at every position |"
     ]
     rows.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -102,12 +103,19 @@ def summary(out: Path, names: list[str]) -> list[str]:
         for point in result.get("points", []):
             rows.append(
                 f"| {name} | {point['samples']:,} | {point['drafter']['steps']:,} "
-                f"| {point['epochs']:.1f} | {point['held_out']['tau']:.2f} "
+                f"| {point['epochs']:.1f} | {with_interval(point['held_out'])} "
                 f"| {point['baselines']['prompt_lookup']['tau']:.2f} "
                 f"| {point['train_prompts']['tau']:.2f} "
                 f"| {percents(point['held_out'].get('slot_accuracy'))} |"
             )
     return rows
+
+
+def with_interval(report: dict) -> str:
+    """`2.05 (1.91–2.19)`: τ and its 95 % interval over the prompts, where the report has it."""
+    interval = report.get("tau_interval")
+    spread = f" ({interval[0]:.2f}–{interval[1]:.2f})" if interval else ""
+    return f"{report['tau']:.2f}{spread}"
 
 
 def percents(rates: list[float] | None) -> str:

@@ -86,7 +86,12 @@ class ProbeReport:
         d = json.loads(raw)
 
         def report(r: dict | None) -> EvalReport | None:
-            return None if r is None else EvalReport(**r)
+            if r is None:
+                return None
+            interval = r.get("tau_interval")  # a JSON list
+            return EvalReport(
+                **{**r, "tau_interval": None if interval is None else tuple(interval)}
+            )
 
         held = report(d["held_out"])
         assert held is not None

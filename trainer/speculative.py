@@ -252,6 +252,9 @@ class EvalReport:
     # slots 1 … B−1: right proposals of a block drafted at every output position, as in training
     # (`trainer.slot_accuracy`); None for a drafter that is not a trained one
     slot_accuracy: list[float] | None = None
+    # 95 % bootstrap interval of τ over the prompts (`tau_interval`): what other prompts like
+    # these could give; two drafters whose intervals overlap much are not told apart
+    tau_interval: tuple[float, float] | None = None
 
     def summary(self) -> str:
         slots = _percents(self.slot_acceptance)
@@ -259,11 +262,34 @@ class EvalReport:
         every = ""
         if self.slot_accuracy is not None:
             every = f" | acc% at every position {_percents(self.slot_accuracy)}"
+        spread = ""
+        if self.tau_interval is not None:
+            lo, hi = self.tau_interval
+            spread = f" (95% {lo:.2f}–{hi:.2f})"
         return (
-            f"tau {self.tau:.3f} | accept% by slot {slots}{every} | {self.new_tokens} tokens, "
+            f"tau {self.tau:.3f}{spread} | accept% by slot {slots}{every} | "
+            f"{self.new_tokens} tokens, "
             f"{self.target_forwards} target forwards vs {self.plain_forwards} plain "
             f"(x{self.speedup:.2f}) | {self.prompts} prompts, B={self.block_size} | {check}"
         )
+
+
+def tau_interval(
+    accepted: Sequence[Sequence[int]], *, level: float = 0.95, resamples: int = 4000, seed: int = 0
+) -> tuple[float, float]:
+    """The `level` bootstrap interval of τ over prompts: `accepted[i]` holds prompt i's accepted
+    drafts per verify pass; τ is recomputed on `resamples` prompt sets drawn with replacement
+    (seeded: the same report gives the same interval). Prompts differ far more than verify
+    passes of one prompt, so prompts are what is resampled."""
+    per = [(sum(a) + len(a), len(a)) for a in accepted if len(a)]
+    if not per:
+        return (float("nan"), float("nan"))
+    gen = torch.Generator().manual_seed(seed)
+    pick = torch.randint(len(per), (resamples, len(per)), generator=gen)
+    tokens, verifies = torch.tensor(per, dtype=torch.float64)[pick].sum(1).unbind(-1)
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+    lo, hi = torch.quantile(tokens / verifies, q).tolist()
+    return (lo, hi)
 
 
 def _percents(rates: Sequence[float]) -> str:
@@ -323,6 +349,7 @@ def evaluate(
         speedup=new_tokens / forwards,
         lossless_checked=check_lossless,
         slot_accuracy=None if every is None else every.rates(),
+        tau_interval=tau_interval([r.accepted for r in results]) if verifies else None,
     )
 
 

@@ -254,6 +254,7 @@ class Trainer:
         }
         if report is not None:
             row["tau"] = report.held_out.tau
+            row["tau_interval"] = report.held_out.tau_interval
             row["slot_acceptance"] = report.held_out.slot_acceptance
             row["held_out_slot_accuracy"] = report.held_out.slot_accuracy
         if self.last_probe is not None:

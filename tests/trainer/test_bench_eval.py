@@ -200,6 +200,11 @@ def test_recipes_side_by_side_share_one_target_and_data(tmp_path: Path) -> None:
     assert table[0].startswith("| recipe | samples |") and len(table) == 2 + 2 + 2  # 2 points each
     assert table[2].startswith("| greedy | 8 | 2 |") and table[4].startswith("| mixed | 8 | 2 |")
     assert len(table[2].split("|")[-2].split()) == BLOCK - 1  # held-out accuracy by slot
+    tau, interval = (
+        greedy["points"][0]["held_out"]["tau"],
+        greedy["points"][0]["held_out"]["tau_interval"],
+    )
+    assert table[2].split("|")[5].strip() == f"{tau:.2f} ({interval[0]:.2f}–{interval[1]:.2f})"
 
     bad = subprocess.run(
         [sys.executable, str(COMPARE), "--work", str(work), "--out", str(out), "--skip-prepare",

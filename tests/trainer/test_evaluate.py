@@ -24,6 +24,7 @@ from trainer.speculative import (
     evaluate,
     greedy_decode,
     speculative_decode,
+    tau_interval,
 )
 from trainer.target import Target, load_target
 
@@ -221,3 +222,33 @@ def test_evaluate_reports_prompt_lookup_beside_the_drafter(target) -> None:
     lines = both.summary().splitlines()
     assert lines[0].startswith("drafter ") and lines[1].startswith("prompt lookup ")
     assert f"({alone.tau:.2f} vs {alone.tau:.2f})" in lines[2] and "x1.00" in lines[2]
+    lo, hi = alone.tau_interval
+    assert lo <= alone.tau <= hi and f"(95% {lo:.2f}–{hi:.2f})" in alone.summary()
+    assert json.loads(json.dumps(data))["tau_interval"] == [lo, hi]
+
+
+def test_tau_interval_matches_the_normal_approximation_on_many_prompts() -> None:
+    """With equal verify passes per prompt τ is the mean of the prompts' τ: over 400 random
+    prompts the bootstrap interval is the mean ± 1.96 standard errors (within 10 % of its
+    width), and it narrows as 1/√n."""
+    gen = torch.Generator().manual_seed(3)
+    accepted = torch.randint(0, 8, (400, 10), generator=gen).tolist()
+    taus = torch.tensor([1 + sum(a) / len(a) for a in accepted], dtype=torch.float64)
+    mean, se = taus.mean().item(), (taus.std() / len(taus) ** 0.5).item()
+    lo, hi = tau_interval(accepted)
+    assert abs(lo - (mean - 1.96 * se)) < 0.1 * (3.92 * se)
+    assert abs(hi - (mean + 1.96 * se)) < 0.1 * (3.92 * se)
+    lo4, hi4 = tau_interval(accepted[:100])
+    assert 1.6 < (hi4 - lo4) / (hi - lo) < 2.4  # a quarter of the prompts: twice as wide
+
+
+def test_tau_interval_weighs_prompts_by_their_verify_passes() -> None:
+    # τ pools tokens over passes: half of the resamples hold both prompts, whose τ is
+    # 58 / 51, not the prompts' mean τ (1 + 8) / 2
+    median = 58 / 51
+    assert tau_interval([[0] * 50, [7]], level=0.0) == pytest.approx((median, median))
+    assert tau_interval([[3, 3], [3]]) == (4.0, 4.0)  # every prompt alike: no spread
+    assert tau_interval([[1, 2]], level=0.5) == (2.5, 2.5)  # one prompt: itself
+    assert tau_interval([[1], [5]], seed=1) == tau_interval([[1], [5]], seed=1)  # seeded
+    lo, hi = tau_interval([[], []])
+    assert lo != lo and hi != hi  # no verify pass: nan
