@@ -102,6 +102,7 @@ class ProbeReport:
         return {
             "step": self.step,
             "tau": self.held_out.tau,
+            "tau_interval": self.held_out.tau_interval,
             "tau_train": None if self.train is None else self.train.tau,
             "tau_prompt_lookup": None if self.baseline is None else self.baseline.tau,
             "memorising": self.memorising,

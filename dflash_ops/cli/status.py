@@ -129,7 +129,11 @@ def _metrics(metrics: dict[str, Any]) -> str:
 
 def _probe(probe: dict[str, Any]) -> str:
     """The trainer's last τ probe: held out, on training prompts, prompt lookup's."""
-    parts = [f"{_tau(probe.get('tau'))} held out"]
+    interval = probe.get("tau_interval")
+    spread = ""
+    if isinstance(interval, list) and len(interval) == 2:
+        spread = f" (95% {_tau(interval[0])}–{_tau(interval[1])})"
+    parts = [f"{_tau(probe.get('tau'))}{spread} held out"]
     if probe.get("tau_train") is not None:
         parts.append(f"{_tau(probe['tau_train'])} on training prompts")
     if probe.get("tau_prompt_lookup") is not None:

@@ -140,7 +140,8 @@ def test_status_shows_the_probe_and_the_warning(memorised: Run) -> None:
     human = dflash(project, "status")
     assert human.returncode == 0, human.stderr
     tau = next(line for line in human.stdout.splitlines() if line.startswith("tau"))
-    assert f"{probe['tau']:.2f} held out" in tau and f"step {STEPS}" in tau
+    lo, hi = probe["tau_interval"]
+    assert f"{probe['tau']:.2f} (95% {lo:.2f}–{hi:.2f}) held out" in tau and f"step {STEPS}" in tau
     assert f"{probe['tau_train']:.2f} on training prompts" in tau
     assert f"prompt lookup {probe['tau_prompt_lookup']:.2f}" in tau
     assert any(line.startswith(f"warning  {MEMORISING}") for line in human.stdout.splitlines())
