@@ -252,8 +252,8 @@ def training_samples(args: argparse.Namespace, stream: torch.Tensor, device: tor
     folders `trainer.data.load_samples` reads, made with this benchmark's target
     (`--reuse-target`); otherwise `trainer.generate` (the command users run) answers random
     windows of `stream` (the files of `--drafter-prompts`) with the saved target, once per
-    `--gen-temperatures` entry (0: greedy), into token shards. Several sources are interleaved, so that the first N samples
-    of every point hold each source in equal parts."""
+    `--gen-temperatures` entry (0: greedy), into token shards. Several sources are interleaved,
+    so that the first N samples of every point hold each source in equal parts."""
     if args.train_data:
         max_len = args.prompt_len + args.gen_len
         return interleave([load_samples(path, max_len=max_len) for path in args.train_data])
