@@ -12,6 +12,8 @@ that share it finish together far sooner than one after another), spread over th
 in turn (recipe i on GPU i mod n), each in its own work folder beside the shared target, and
 writes `<out>/<name>.json`. `{work}` in a recipe is `--work`. The
 τ figures do not depend on the sharing; the step times and the training seconds do.
+`<out>/summary.md` holds a row per recipe and point, then each recipe's held-out τ against the
+first recipe's with a paired interval over the same prompts (`trainer.tau_bootstrap`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench" / "bench_eval.py"
+if str(ROOT) not in sys.path:  # the trainer package, when run as a script
+    sys.path.insert(0, str(ROOT))
 
 
 def log(msg: str) -> None:
@@ -118,6 +122,32 @@ def with_interval(report: dict) -> str:
     return f"{report['tau']:.2f}{spread}"
 
 
+def paired(out: Path, names: list[str]) -> list[str]:
+    """Each recipe's held-out τ against the first one's, point by point, with the 95 % paired
+    bootstrap interval over the same prompts (`trainer.tau_bootstrap`): a difference whose
+    interval excludes 0 is one these prompts can tell."""
+    from trainer.tau_bootstrap import tau_difference
+
+    results = {n: json.loads((out / f"{n}.json").read_text()) for n in names}
+    results = {n: r for n, r in results.items() if r.get("points")}
+    if len(results) < 2 or names[0] not in results:
+        return []
+    base = results.pop(names[0])["points"]
+    rows = [
+        "",
+        f"| recipe | samples | held-out τ − {names[0]}'s (95 % paired interval) |",
+        "| --- | --- | --- |",
+    ]
+    for name, result in results.items():
+        for point, ref in zip(result["points"], base, strict=False):
+            a, b = point["held_out"].get("prompt_counts"), ref["held_out"].get("prompt_counts")
+            if not a or not b or len(a) != len(b):
+                continue  # older reports, or other prompts
+            diff, lo, hi = tau_difference(a, b)
+            rows.append(f"| {name} | {point['samples']:,} | {diff:+.2f} ({lo:+.2f}…{hi:+.2f}) |")
+    return rows if len(rows) > 3 else []
+
+
 def percents(rates: list[float] | None) -> str:
     return "—" if rates is None else " ".join(f"{100 * r:.0f}" for r in rates)
 
@@ -144,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     failed = [name for name, proc in procs.items() if proc.wait() != 0]
     rows = summary(out, list(procs))
+    rows += paired(out, [n for n in procs if (out / f"{n}.json").is_file()])
     (out / "summary.md").write_text("\n".join(rows) + "\n")
     print("\n".join(rows))
     if failed:

@@ -88,9 +88,13 @@ class ProbeReport:
         def report(r: dict | None) -> EvalReport | None:
             if r is None:
                 return None
-            interval = r.get("tau_interval")  # a JSON list
+            interval, counts = r.get("tau_interval"), r.get("prompt_counts")  # JSON lists
             return EvalReport(
-                **{**r, "tau_interval": None if interval is None else tuple(interval)}
+                **{
+                    **r,
+                    "tau_interval": None if interval is None else tuple(interval),
+                    "prompt_counts": None if counts is None else [tuple(c) for c in counts],
+                }
             )
 
         held = report(d["held_out"])

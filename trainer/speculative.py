@@ -46,6 +46,7 @@ from trainer.errors import TrainerError
 from trainer.model import Drafter
 from trainer.slot_accuracy import SlotAccuracy
 from trainer.target import Target
+from trainer.tau_bootstrap import prompt_counts, tau_interval
 
 
 class LosslessViolation(TrainerError):
@@ -255,6 +256,9 @@ class EvalReport:
     # 95 % bootstrap interval of τ over the prompts (`tau_interval`): what other prompts like
     # these could give; two drafters whose intervals overlap much are not told apart
     tau_interval: tuple[float, float] | None = None
+    # each prompt's (tokens, verify passes): what the interval and paired comparisons of two
+    # drafters on the same prompts are computed from (`trainer.tau_bootstrap`)
+    prompt_counts: list[tuple[int, int]] | None = None
 
     def summary(self) -> str:
         slots = _percents(self.slot_acceptance)
@@ -272,24 +276,6 @@ class EvalReport:
             f"{self.target_forwards} target forwards vs {self.plain_forwards} plain "
             f"(x{self.speedup:.2f}) | {self.prompts} prompts, B={self.block_size} | {check}"
         )
-
-
-def tau_interval(
-    accepted: Sequence[Sequence[int]], *, level: float = 0.95, resamples: int = 4000, seed: int = 0
-) -> tuple[float, float]:
-    """The `level` bootstrap interval of τ over prompts: `accepted[i]` holds prompt i's accepted
-    drafts per verify pass; τ is recomputed on `resamples` prompt sets drawn with replacement
-    (seeded: the same report gives the same interval). Prompts differ far more than verify
-    passes of one prompt, so prompts are what is resampled."""
-    per = [(sum(a) + len(a), len(a)) for a in accepted if len(a)]
-    if not per:
-        return (float("nan"), float("nan"))
-    gen = torch.Generator().manual_seed(seed)
-    pick = torch.randint(len(per), (resamples, len(per)), generator=gen)
-    tokens, verifies = torch.tensor(per, dtype=torch.float64)[pick].sum(1).unbind(-1)
-    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
-    lo, hi = torch.quantile(tokens / verifies, q).tolist()
-    return (lo, hi)
 
 
 def _percents(rates: Sequence[float]) -> str:
@@ -334,6 +320,7 @@ def evaluate(
             progress(i + 1, len(prompts), tau)
     accepted = [a for r in results for a in r.accepted]
     verifies = len(accepted)
+    counts = prompt_counts([r.accepted for r in results])
     new_tokens = sum(len(r.tokens) for r in results)
     forwards = sum(r.target_forwards for r in results)
     slots = [sum(a >= k for a in accepted) / max(verifies, 1) for k in range(1, b)]
@@ -349,7 +336,8 @@ def evaluate(
         speedup=new_tokens / forwards,
         lossless_checked=check_lossless,
         slot_accuracy=None if every is None else every.rates(),
-        tau_interval=tau_interval([r.accepted for r in results]) if verifies else None,
+        tau_interval=tau_interval(counts) if verifies else None,
+        prompt_counts=counts,
     )
 
 

@@ -196,7 +196,8 @@ def test_recipes_side_by_side_share_one_target_and_data(tmp_path: Path) -> None:
     assert lookups[0] == lookups[1]
     assert greedy["training_data"] == str(work / "generated")
     assert mixed["recipe"]["kl_weight"] == 0.5 and greedy["recipe"]["kl_weight"] == 0.15
-    table = (out / "summary.md").read_text().splitlines()
+    table, versus = (out / "summary.md").read_text().split("\n\n")
+    table = table.splitlines()
     assert table[0].startswith("| recipe | samples |") and len(table) == 2 + 2 + 2  # 2 points each
     assert table[2].startswith("| greedy | 8 | 2 |") and table[4].startswith("| mixed | 8 | 2 |")
     assert len(table[2].split("|")[-2].split()) == BLOCK - 1  # held-out accuracy by slot
@@ -205,6 +206,17 @@ def test_recipes_side_by_side_share_one_target_and_data(tmp_path: Path) -> None:
         greedy["points"][0]["held_out"]["tau_interval"],
     )
     assert table[2].split("|")[5].strip() == f"{tau:.2f} ({interval[0]:.2f}–{interval[1]:.2f})"
+    # mixed against greedy, paired over the same held-out prompts, at each point
+    from trainer.tau_bootstrap import tau_difference
+
+    rows = versus.splitlines()
+    assert rows[0] == "| recipe | samples | held-out τ − greedy's (95 % paired interval) |"
+    for row, point, ref in zip(rows[2:], mixed["points"], greedy["points"], strict=True):
+        diff, lo, hi = tau_difference(
+            point["held_out"]["prompt_counts"], ref["held_out"]["prompt_counts"]
+        )
+        assert row == f"| mixed | {point['samples']:,} | {diff:+.2f} ({lo:+.2f}…{hi:+.2f}) |"
+        assert diff == pytest.approx(point["held_out"]["tau"] - ref["held_out"]["tau"])
 
     bad = subprocess.run(
         [sys.executable, str(COMPARE), "--work", str(work), "--out", str(out), "--skip-prepare",

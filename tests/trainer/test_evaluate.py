@@ -24,9 +24,9 @@ from trainer.speculative import (
     evaluate,
     greedy_decode,
     speculative_decode,
-    tau_interval,
 )
 from trainer.target import Target, load_target
+from trainer.tau_bootstrap import prompt_counts, tau_difference, tau_interval
 
 BLOCK = 4
 DEMO = DemoConfig(enabled=True, num_samples=8, num_layers=4, prompt_len=6, gen_len=10)
@@ -235,20 +235,58 @@ def test_tau_interval_matches_the_normal_approximation_on_many_prompts() -> None
     accepted = torch.randint(0, 8, (400, 10), generator=gen).tolist()
     taus = torch.tensor([1 + sum(a) / len(a) for a in accepted], dtype=torch.float64)
     mean, se = taus.mean().item(), (taus.std() / len(taus) ** 0.5).item()
-    lo, hi = tau_interval(accepted)
+    lo, hi = tau_interval(prompt_counts(accepted))
     assert abs(lo - (mean - 1.96 * se)) < 0.1 * (3.92 * se)
     assert abs(hi - (mean + 1.96 * se)) < 0.1 * (3.92 * se)
-    lo4, hi4 = tau_interval(accepted[:100])
+    lo4, hi4 = tau_interval(prompt_counts(accepted[:100]))
     assert 1.6 < (hi4 - lo4) / (hi - lo) < 2.4  # a quarter of the prompts: twice as wide
 
 
 def test_tau_interval_weighs_prompts_by_their_verify_passes() -> None:
+    def interval(accepted: list[list[int]], **kw: float) -> tuple[float, float]:
+        return tau_interval(prompt_counts(accepted), **kw)
+
     # τ pools tokens over passes: half of the resamples hold both prompts, whose τ is
     # 58 / 51, not the prompts' mean τ (1 + 8) / 2
     median = 58 / 51
-    assert tau_interval([[0] * 50, [7]], level=0.0) == pytest.approx((median, median))
-    assert tau_interval([[3, 3], [3]]) == (4.0, 4.0)  # every prompt alike: no spread
-    assert tau_interval([[1, 2]], level=0.5) == (2.5, 2.5)  # one prompt: itself
-    assert tau_interval([[1], [5]], seed=1) == tau_interval([[1], [5]], seed=1)  # seeded
-    lo, hi = tau_interval([[], []])
+    assert interval([[0] * 50, [7]], level=0.0) == pytest.approx((median, median))
+    assert interval([[3, 3], [3]]) == (4.0, 4.0)  # every prompt alike: no spread
+    assert interval([[1, 2]], level=0.5) == (2.5, 2.5)  # one prompt: itself
+    assert interval([[1], [5]], seed=1) == interval([[1], [5]], seed=1)  # seeded
+    lo, hi = interval([[], []])
     assert lo != lo and hi != hi  # no verify pass: nan
+
+
+def test_paired_difference_tells_apart_what_separate_intervals_cannot() -> None:
+    """Two drafters on the same 32 prompts of very different difficulty, the second accepting
+    one more draft on one pass of every prompt: their own intervals overlap almost entirely,
+    the paired interval of the difference excludes zero, and equals a direct recomputation on
+    the same draws."""
+    gen = torch.Generator().manual_seed(5)
+    hard = [int(x) for x in torch.randint(0, 7, (32,), generator=gen)]
+    a = [[h] * 10 for h in hard]  # prompt i accepts hard[i] drafts on each of 10 passes
+    b = [[min(h + 1, 7)] + [h] * 9 for h in hard]
+    ca, cb = prompt_counts(a), prompt_counts(b)
+    (lo_a, hi_a), (lo_b, hi_b) = tau_interval(ca), tau_interval(cb)
+    assert min(hi_a, hi_b) - max(lo_a, lo_b) > 0.8 * (hi_a - lo_a)  # separately: no telling
+    diff, lo, hi = tau_difference(cb, ca)
+    want = sum(t for t, _ in cb) / sum(p for _, p in cb) - sum(t for t, _ in ca) / sum(
+        p for _, p in ca
+    )
+    assert diff == pytest.approx(want) and 0 < lo <= diff <= hi < 0.2
+    pick = torch.randint(32, (4000, 32), generator=torch.Generator().manual_seed(0))
+    ref = []
+    for row in pick.tolist():
+        ta = sum(ca[i][0] for i in row) / sum(ca[i][1] for i in row)
+        tb = sum(cb[i][0] for i in row) / sum(cb[i][1] for i in row)
+        ref.append(tb - ta)
+    ref.sort()
+
+    def quantile(q: float) -> float:  # linear between the two nearest order statistics
+        pos = q * (len(ref) - 1)
+        i = int(pos)
+        return ref[i] + (pos - i) * (ref[min(i + 1, len(ref) - 1)] - ref[i])
+
+    assert (lo, hi) == pytest.approx((quantile(0.025), quantile(0.975)), rel=1e-9)
+    with pytest.raises(ValueError, match="same prompts"):
+        tau_difference(ca, cb[:-1])
