@@ -31,6 +31,7 @@ from trainer.model import Drafter
 from trainer.prompt_lookup import BASELINES, baseline_drafter
 from trainer.speculative import BlockDrafter, DFlashDrafter, EvalReport, evaluate, greedy_decode
 from trainer.target import Target
+from trainer.tau_bootstrap import tau_difference
 
 # The folder of a checkpoints folder that finished runs are moved into (by `dflash`'s fresh
 # deploys): it holds runs only.
@@ -54,7 +55,8 @@ class Comparison:
         for name, report in self.baselines.items():
             label = name.replace("_", " ")
             lines.append(f"{label:<14} {report.summary()}")
-            lines.append(f"{'':<14} {_versus(self.drafter.tau, report.tau, label)}")
+            line = _versus(self.drafter.tau, report.tau, label)
+            lines.append(f"{'':<14} {line}{_paired(self.drafter, report)}")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -63,6 +65,15 @@ class Comparison:
             **asdict(self.drafter),
             "baselines": {name: asdict(r) for name, r in self.baselines.items()},
         }
+
+
+def _paired(drafter: EvalReport, base: EvalReport) -> str:
+    """`; τ difference +0.61 (95% +0.45…+0.78)`, paired over the same prompts."""
+    a, b = drafter.prompt_counts, base.prompt_counts
+    if not a or not b or len(a) != len(b):
+        return ""
+    diff, lo, hi = tau_difference(a, b)
+    return f"; tau difference {diff:+.2f} (95% {lo:+.2f}…{hi:+.2f}, paired over the prompts)"
 
 
 def _versus(tau: float, base: float, label: str) -> str:

@@ -222,6 +222,7 @@ def test_evaluate_reports_prompt_lookup_beside_the_drafter(target) -> None:
     lines = both.summary().splitlines()
     assert lines[0].startswith("drafter ") and lines[1].startswith("prompt lookup ")
     assert f"({alone.tau:.2f} vs {alone.tau:.2f})" in lines[2] and "x1.00" in lines[2]
+    assert "tau difference +0.00 (95% +0.00…+0.00, paired over the prompts)" in lines[2]
     lo, hi = alone.tau_interval
     assert lo <= alone.tau <= hi and f"(95% {lo:.2f}–{hi:.2f})" in alone.summary()
     assert json.loads(json.dumps(data))["tau_interval"] == [lo, hi]
