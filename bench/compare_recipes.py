@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench" / "bench_eval.py"
@@ -91,19 +92,23 @@ def start(
         return subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env)
 
 
-def summary(out: Path, names: list[str]) -> list[str]:
+def load_results(out: Path, names: list[str]) -> dict[str, dict[str, Any] | None]:
+    """Each recipe's `<out>/<name>.json`, None where it wrote none: read once for both tables."""
+    paths = {name: out / f"{name}.json" for name in names}
+    return {n: json.loads(p.read_text()) if p.is_file() else None for n, p in paths.items()}
+
+
+def summary(results: dict[str, dict[str, Any] | None]) -> list[str]:
     rows = [
         "| recipe | samples | steps | epochs | held-out τ (95 % interval) | prompt lookup τ "
         "| training-prompt τ "
         "| held-out acc% at every position |"
     ]
     rows.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name in names:
-        path = out / f"{name}.json"
-        if not path.is_file():
+    for name, result in results.items():
+        if result is None:
             rows.append(f"| {name} | (no result) | | | | | | |")
             continue
-        result = json.loads(path.read_text())
         for point in result.get("points", []):
             rows.append(
                 f"| {name} | {point['samples']:,} | {point['drafter']['steps']:,} "
@@ -122,23 +127,24 @@ def with_interval(report: dict) -> str:
     return f"{report['tau']:.2f}{spread}"
 
 
-def paired(out: Path, names: list[str]) -> list[str]:
-    """Each recipe's held-out τ against the first one's, point by point, with the 95 % paired
-    bootstrap interval over the same prompts (`trainer.tau_bootstrap`): a difference whose
-    interval excludes 0 is one these prompts can tell."""
+def paired(results: dict[str, dict[str, Any] | None]) -> list[str]:
+    """Each recipe's held-out τ against the first one's (of those with a result), point by
+    point, with the 95 % paired bootstrap interval over the same prompts
+    (`trainer.tau_bootstrap`): a difference whose interval excludes 0 is one these prompts can
+    tell."""
     from trainer.tau_bootstrap import tau_difference
 
-    results = {n: json.loads((out / f"{n}.json").read_text()) for n in names}
-    results = {n: r for n, r in results.items() if r.get("points")}
-    if len(results) < 2 or names[0] not in results:
+    names = [n for n, r in results.items() if r is not None]
+    found = {n: r for n, r in results.items() if r is not None and r.get("points")}
+    if len(found) < 2 or names[0] not in found:
         return []
-    base = results.pop(names[0])["points"]
+    base = found.pop(names[0])["points"]
     rows = [
         "",
         f"| recipe | samples | held-out τ − {names[0]}'s (95 % paired interval) |",
         "| --- | --- | --- |",
     ]
-    for name, result in results.items():
+    for name, result in found.items():
         for point, ref in zip(result["points"], base, strict=False):
             a, b = point["held_out"].get("prompt_counts"), ref["held_out"].get("prompt_counts")
             if not a or not b or len(a) != len(b):
@@ -173,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, (name, options) in enumerate(args.recipe)
     }
     failed = [name for name, proc in procs.items() if proc.wait() != 0]
-    rows = summary(out, list(procs))
-    rows += paired(out, [n for n in procs if (out / f"{n}.json").is_file()])
+    results = load_results(out, list(procs))
+    rows = summary(results) + paired(results)
     (out / "summary.md").write_text("\n".join(rows) + "\n")
     print("\n".join(rows))
     if failed:

@@ -86,16 +86,7 @@ class ProbeReport:
         d = json.loads(raw)
 
         def report(r: dict | None) -> EvalReport | None:
-            if r is None:
-                return None
-            interval, counts = r.get("tau_interval"), r.get("prompt_counts")  # JSON lists
-            return EvalReport(
-                **{
-                    **r,
-                    "tau_interval": None if interval is None else tuple(interval),
-                    "prompt_counts": None if counts is None else [tuple(c) for c in counts],
-                }
-            )
+            return None if r is None else EvalReport.from_dict(r)
 
         held = report(d["held_out"])
         assert held is not None

@@ -260,6 +260,19 @@ class EvalReport:
     # drafters on the same prompts are computed from (`trainer.tau_bootstrap`)
     prompt_counts: list[tuple[int, int]] | None = None
 
+    @classmethod
+    def from_dict(cls, d: dict) -> EvalReport:
+        """The report back from its JSON (`asdict`), the tuples JSON turned into lists made
+        tuples again."""
+        interval, counts = d.get("tau_interval"), d.get("prompt_counts")
+        return cls(
+            **{
+                **d,
+                "tau_interval": None if interval is None else tuple(interval),
+                "prompt_counts": None if counts is None else [tuple(c) for c in counts],
+            }
+        )
+
     def summary(self) -> str:
         slots = _percents(self.slot_acceptance)
         check = "lossless" if self.lossless_checked else "lossless not checked"
