@@ -11,17 +11,18 @@ training prompts, beside prompt lookup on the same target and prompts.
 GPU run, in order:
 1. corpus: the `.py` sources of Python's standard library (they ship with every Python), split by
    file: every `--holdout-every`-th file is held out (never trained on, by the target or the
-   drafter) and gives the evaluation prompts; `--unseen-every K` keeps every K-th of the others
-   from the target too, so that the drafter's prompts can come from code the target answers as
-   it answers the held-out files, not by reciting what it memorised;
+   drafter) and gives the evaluation prompts; `--unseen-every K` (4 by default) keeps every K-th
+   of the others from the target too, so that the drafter's prompts come from code the target
+   answers as it answers the held-out files, not by reciting what it memorised (a reused target
+   keeps the split it was trained with, saved beside it);
 2. a byte-level BPE tokenizer trained on the corpus with `tokenizers`;
 3. a Qwen3-shaped target (8 layers, hidden 768) trained from scratch for a fixed number of steps
    (`--target-steps`) on the training files, so that its greedy continuations are code-like
    rather than random, saved with `save_pretrained` (`--reuse-target`: the one a previous run
    saved in `--work`);
 4. training data (`training_samples`, the one function that picks the source): `trainer.generate`
-   (what users run) answers windows of the target's training files (`--drafter-prompts
-   unseen-files`: of the files kept from it) with the saved target, greedily (or
+   (what users run) answers windows of the files kept from the target (`--drafter-prompts
+   target-files`: of its training files) with the saved target, greedily (or
    once per `--gen-temperatures` entry, the sets interleaved; `--gen-sampled-prefix N`: a
    temperature samples the first N tokens only, then the answer is greedy), into token shards
    supervised on the answers; or `--train-data`, data made with the same target;
@@ -510,17 +511,37 @@ def drafter_steps(
 
 
 SPLIT_FILE = "bench-corpus-split.json"  # beside the saved target: which files it learnt
+DEFAULT_UNSEEN_EVERY = 4  # a new target's split: answers to kept files carry over (benchmarks.md)
 
 
 def split_of(args: argparse.Namespace) -> dict[str, int]:
     return {key: getattr(args, key) for key in ("corpus_bytes", "holdout_every", "unseen_every")}
 
 
-def check_split(target_dir: Path, args: argparse.Namespace) -> None:
-    """Refuse to make data with a reused target split otherwise: "unseen" files could be ones it
-    learnt."""
+def saved_split(target_dir: Path) -> dict[str, int] | None:
+    """The corpus split a saved target was trained with; None where no target is saved. A target
+    saved before splits were recorded kept no file from training."""
     path = target_dir / SPLIT_FILE
-    saved = json.loads(path.read_text()) if path.is_file() else {"unseen_every": 0}
+    if path.is_file():
+        return dict(json.loads(path.read_text()))
+    return {"unseen_every": 0} if (target_dir / "config.json").is_file() else None
+
+
+def resolve_split(args: argparse.Namespace) -> None:
+    """Fill the split options left unset: a reused target's own `--unseen-every`, else
+    `DEFAULT_UNSEEN_EVERY`; the drafter's prompts from the kept files where there are any. With
+    `--train-data` the prompts are the data's, recorded only when given."""
+    saved = saved_split(Path(args.work) / "target") if args.reuse_target else None
+    if args.unseen_every is None:
+        args.unseen_every = DEFAULT_UNSEEN_EVERY if saved is None else saved["unseen_every"]
+    if args.drafter_prompts is None and not args.train_data:
+        args.drafter_prompts = "unseen-files" if args.unseen_every else "target-files"
+
+
+def check_split(target_dir: Path, args: argparse.Namespace) -> None:
+    """Refuse a reused target with another corpus split: the held-out files could be ones it
+    learnt, and "unseen" files too."""
+    saved = saved_split(target_dir) or {}
     wanted = split_of(args)
     if any(saved.get(key, wanted[key]) != value for key, value in wanted.items()):
         raise SystemExit(
@@ -541,8 +562,7 @@ def target_and_tokenizer(
             raise SystemExit(f"--reuse-target: no saved target in {target_dir}; run once without")
         from transformers import AutoTokenizer
 
-        if not args.train_data:  # the data made here must come from the target's own split
-            check_split(target_dir, args)
+        check_split(target_dir, args)
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
         return tokenizer, {"reused": str(target_dir)}
     tokenizer = build_tokenizer(train_texts, args.vocab, target_dir)
@@ -567,12 +587,14 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
     )
     tokenizer, target_info = target_and_tokenizer(args, texts.train, device)
     stream, held_stream = encode(tokenizer, texts.train), encode(tokenizer, texts.held)
-    unseen = args.drafter_prompts == "unseen-files"
+    unseen = args.drafter_prompts == "unseen-files" and not args.train_data
     prompt_stream = encode(tokenizer, texts.unseen) if unseen else stream
-    log(
-        f"tokens: {len(stream):,} training, {len(held_stream):,} held out; the drafter's prompts "
-        f"from {len(prompt_stream):,} tokens of the {args.drafter_prompts}"
+    source = (
+        f"the drafter's prompts from {len(prompt_stream):,} tokens of the {args.drafter_prompts}"
     )
+    if args.train_data:
+        source = f"the drafter's data from {', '.join(args.train_data)}"
+    log(f"tokens: {len(stream):,} training, {len(held_stream):,} held out; {source}")
     timings = {"target_s": time.perf_counter() - t0}
 
     t0 = time.perf_counter()
@@ -626,13 +648,15 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def recipe(args: argparse.Namespace) -> dict[str, Any]:
-    """The drafter's recipe as run, for telling runs apart."""
+    """The drafter's recipe as run, for telling runs apart. With `--train-data` the generation
+    settings are the given data's, unknown here: null rather than this run's unused defaults."""
     keys = (
         "drafter_layers", "block_size", "drafter_batch", "anchors", "drafter_lr", "kl_weight",
         "feature_layers", "gen_temperatures", "gen_sampled_prefix", "overrides",
         "unseen_every", "drafter_prompts",
     )  # fmt: skip
-    return {key: getattr(args, key) for key in keys}
+    given = ("gen_temperatures", "gen_sampled_prefix") if args.train_data else ()
+    return {key: None if key in given else getattr(args, key) for key in keys}
 
 
 def save_partial(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -741,16 +765,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--unseen-every",
         type=int,
-        default=0,
+        default=None,
         metavar="K",
-        help="keep every K-th file that is not held out from the target (0: none, else ≥ 2)",
+        help="keep every K-th file that is not held out from the target (0: none, else ≥ 2; "
+        f"default {DEFAULT_UNSEEN_EVERY}, or the split a --reuse-target target was trained with)",
     )
     p.add_argument(
         "--drafter-prompts",
         choices=("target-files", "unseen-files"),
-        default="target-files",
+        default=None,
         help="where the drafter's generated data gets its prompts: windows of the target's "
-        "training files, or of the files kept from it (--unseen-every)",
+        "training files, or of the files kept from it (the default where --unseen-every keeps "
+        "any); with --train-data, what the given data were made from (for the record)",
     )
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--gen-len", type=int, default=192)
@@ -785,10 +811,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.train_data and not args.reuse_target:
         p.error("--train-data needs --reuse-target: data made with the target saved in --work")
+    resolve_split(args)
     if args.unseen_every < 0 or args.unseen_every == 1:
         p.error("--unseen-every: 0 (no file kept from the target) or K ≥ 2")
     if args.drafter_prompts == "unseen-files" and not args.unseen_every:
-        p.error("--drafter-prompts unseen-files needs --unseen-every K: which files to keep")
+        p.error(
+            "--drafter-prompts unseen-files needs files kept from the target: --unseen-every K "
+            "(a --reuse-target target keeps the split it was trained with)"
+        )
     if args.smoke:
         small = dict(
             corpus_bytes=150_000,

@@ -17,7 +17,9 @@ data=(--samples "${SAMPLES:-49152}" --gen-temperatures 1 --gen-sampled-prefix 16
   "${data[@]}" --drafter-prompts unseen-files > "$out/prepare-unseen.log" 2>&1
 "$py" "$bench/bench_eval.py" --work "$work" --prepare-only --out "$out/prepare-target.json" \
   "${data[@]}" --reuse-target --drafter-prompts target-files > "$out/prepare-target.log" 2>&1
-recipe="--feature-layers ${FEATURES:-1,2,4,5,6} --samples ${SAMPLES:-49152} --drafter-steps ${STEPS:-1200} $*"
+recipe="--feature-layers ${FEATURES:-1,2,4,5,6} --samples ${SAMPLES:-49152}"
+recipe="$recipe --drafter-steps ${STEPS:-1200} $*"
+own="--train-data {work}/generated-t1-p16 --drafter-prompts target-files"
+kept="--train-data {work}/generated-unseen-t1-p16 --drafter-prompts unseen-files"
 exec "$py" "$bench/compare_recipes.py" --work "$work" --out "$out" --skip-prepare \
-  --recipe "target-files: $recipe --train-data {work}/generated-t1-p16" \
-  --recipe "unseen-files: $recipe --train-data {work}/generated-unseen-t1-p16"
+  --recipe "target-files: $recipe $own" --recipe "unseen-files: $recipe $kept"

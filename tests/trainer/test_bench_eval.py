@@ -56,7 +56,13 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
     assert result["recipe"]["gen_sampled_prefix"] == 2
     assert result["target"]["steps"] == 20  # a step count, not a time budget: the same target
     assert "temperatures 0, 1 (sampled prefix 2)" in result["training_data"]
-    greedy, sampled = load_samples(work / "generated"), load_samples(work / "generated-t1-p2")
+    # by default every 4th file is kept from the target and gives the drafter's prompts
+    assert result["recipe"]["unseen_every"] == 4
+    assert result["recipe"]["drafter_prompts"] == "unseen-files"
+    assert "answers to windows of the unseen-files" in result["training_data"]
+    assert "kept from the target" in run.stdout and not (work / "generated").exists()
+    greedy = load_samples(work / "generated-unseen")
+    sampled = load_samples(work / "generated-unseen-t1-p2")
     assert len(greedy) == len(sampled) == 16  # one answer per prompt and temperature
     prompt_len = greedy[0].loss_mask.index(True)
     assert all(s.loss_mask.index(True) == prompt_len + 2 for s in sampled)  # prefix unsupervised
@@ -79,7 +85,7 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
 
     data = tmp_path / "data.jsonl"  # data made elsewhere with the same target
     shutil.copy(work / "train-8.jsonl", data)
-    sources = f"{data},{work / 'generated-t1-p2'}"
+    sources = f"{data},{work / 'generated-unseen-t1-p2'}"
     again = bench(
         "--work", str(work), "--out", str(out), "--reuse-target", "--train-data", sources,
         "--drafter-steps", "4", "--feature-layers", "0", "--kl-weight", "0.5",
@@ -91,6 +97,9 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
     assert reused["target"] == {"reused": str(work / "target")}
     assert reused["recipe"]["feature_layers"] == [0] and reused["recipe"]["kl_weight"] == 0.5
     assert reused["recipe"]["overrides"] == ["loss.gamma=2", "model.init_layers=[1]"]
+    # the reused target's own split; the given data's prompts are not known here
+    assert reused["recipe"]["unseen_every"] == 4 and reused["recipe"]["drafter_prompts"] is None
+    assert reused["recipe"]["gen_temperatures"] is None  # not this run's unused default
     (manifest,) = (work / "run-8").glob("step-*/manifest.json")  # what the drafter trained with
     resolved = json.loads(manifest.read_text())["resolved"]
     assert resolved["loss.gamma"] == 2.0 and resolved["model.init_layers"] == [1]
@@ -116,6 +125,10 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
     )
     refused = bench("--work", str(work), "--train-data", str(data))
     assert refused.returncode == 2 and "--train-data needs --reuse-target" in refused.stderr
+    # the held-out files depend on the split: another one could hold out what the target learnt
+    other = bench("--work", str(work), "--reuse-target", "--train-data", str(data),
+                  "--prepare-only", "--holdout-every", "7")  # fmt: skip
+    assert other.returncode != 0 and "was trained with the corpus split" in other.stderr
     bad = bench("--work", str(work), "--gen-temperatures", "0,0")
     assert bad.returncode == 2 and "distinct temperatures" in bad.stderr
 
@@ -160,12 +173,14 @@ def test_drafter_prompts_from_files_the_target_never_learnt(tmp_path: Path) -> N
     other = bench("--work", str(work), "--reuse-target", "--prepare-only", "--unseen-every", "3")
     assert other.returncode != 0 and "was trained with the corpus split" in other.stderr
     again = bench("--work", str(work), "--reuse-target", "--prepare-only", "--out", str(out),
-                  "--unseen-every", "2")  # fmt: skip
-    assert again.returncode == 0, again.stderr[-3000:]  # same split: the target's own files
+                  "--drafter-prompts", "target-files")  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]  # its saved split: the target's own files
     assert len(load_samples(work / "generated")) == 16
+    prompts = [json.loads(line)["input_ids"] for line in (work / "generate-prompts.jsonl").open()]
+    assert windows_of(learnt, prompts) and not windows_of(unseen, prompts)
 
     for argv, message in (
-        (("--drafter-prompts", "unseen-files"), "needs --unseen-every K"),
+        (("--unseen-every", "0", "--drafter-prompts", "unseen-files"), "needs files kept"),
         (("--unseen-every", "1"), "0 (no file kept from the target) or K ≥ 2"),
     ):
         refused = bench("--work", str(work), *argv)
@@ -181,9 +196,9 @@ def test_recipes_side_by_side_share_one_target_and_data(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, str(COMPARE), "--work", str(work), "--out", str(out),
          "--prepare", "--smoke --gen-temperatures 0,1",
-         "--recipe", "greedy: --smoke --drafter-steps 2 --train-data {work}/generated",
+         "--recipe", "greedy: --smoke --drafter-steps 2 --train-data {work}/generated-unseen",
          "--recipe", "mixed: --smoke --drafter-steps 2 --kl-weight 0.5 "
-                     "--train-data {work}/generated,{work}/generated-t1"],
+                     "--train-data {work}/generated-unseen,{work}/generated-unseen-t1"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -194,7 +209,7 @@ def test_recipes_side_by_side_share_one_target_and_data(tmp_path: Path) -> None:
     lookups = [{k: v for k, v in r["baselines"]["prompt_lookup"].items() if k != "seconds"}
                for r in (greedy, mixed)]  # fmt: skip
     assert lookups[0] == lookups[1]
-    assert greedy["training_data"] == str(work / "generated")
+    assert greedy["training_data"] == str(work / "generated-unseen")
     assert mixed["recipe"]["kl_weight"] == 0.5 and greedy["recipe"]["kl_weight"] == 0.15
     table, versus = (out / "summary.md").read_text().split("\n\n")
     table = table.splitlines()
@@ -254,6 +269,9 @@ def test_prompt_sources_side_by_side(tmp_path: Path) -> None:
     )
     assert own["training_data"] == str(work / "generated-t1-p16")
     assert kept["training_data"] == str(work / "generated-unseen-t1-p16")
+    assert own["recipe"]["drafter_prompts"] == "target-files"
+    assert kept["recipe"]["drafter_prompts"] == "unseen-files"
+    assert own["recipe"]["unseen_every"] == kept["recipe"]["unseen_every"] == 4
     lookups = [{k: v for k, v in r["baselines"]["prompt_lookup"].items() if k != "seconds"}
                for r in (own, kept)]  # fmt: skip
     assert lookups[0] == lookups[1]  # one target, the same held-out prompts
