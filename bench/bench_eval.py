@@ -36,8 +36,10 @@ GPU run, in order:
 7. for each data size of `--samples` (a "point"): a drafter trained for those steps on
    the first N samples with the project's trainer (`trainer.trainer`, its τ probe logging held-out
    and training-prompt τ), then `trainer.evaluate` on the held-out prompts and on prompts of
-   its training samples; reported per point: `held_out.tau`, `baselines.prompt_lookup.tau`,
-   `train_prompts.tau`, `samples` and `epochs` (samples seen / samples). The largest point's
+   its training samples, and on the held-out prompts again from the folder `trainer.export`
+   writes (`exported.tau`: the drafter as an engine loads it, in `--export-dtype`); reported per
+   point: `held_out.tau`, `exported.tau`, `baselines.prompt_lookup.tau`, `train_prompts.tau`,
+   `samples` and `epochs` (samples seen / samples). The largest point's
    fields are also at the top level of the JSON, every point under `points`.
 
 `--demo-cpu` trains the demo drafter with its default config (skipped when its run folder already
@@ -69,6 +71,7 @@ from trainer.config import LossConfig, TrainConfigError, config_from_dict, load_
 from trainer.data import Sample, load_samples, write_samples  # noqa: E402
 from trainer.eval_prompts import prompt_of_sample  # noqa: E402
 from trainer.evaluate import load_drafter  # noqa: E402
+from trainer.hf_format import DTYPES  # noqa: E402
 from trainer.probe import spread  # noqa: E402
 from trainer.prompt_lookup import PromptLookupDrafter  # noqa: E402
 from trainer.speculative import (  # noqa: E402
@@ -441,7 +444,8 @@ def drafter_point(
     run_dir = work / f"run-{len(samples)}"
     shutil.rmtree(run_dir, ignore_errors=True)  # a previous run's checkpoint would be resumed
     t0 = time.perf_counter()
-    trainer = Trainer(drafter_config(args, work, data, device, steps), run_dir, emit=log)
+    config = drafter_config(args, work, data, device, steps)
+    trainer = Trainer(config, run_dir, emit=log)
     results = trainer.run()
     train_s = time.perf_counter() - t0
     trained = trainer.source.stream.samples
@@ -461,10 +465,13 @@ def drafter_point(
     )
     log(f"{len(trained)} samples, training prompts:")
     seen = measure(target, block, spread(trained, args.eval_prompts), args.max_new_tokens)
+    log(f"{len(trained)} samples, exported ({args.export_dtype}), held out:")
+    exported = exported_tau(args, config, run_dir, held)
     return {
         "samples": len(trained),
         "epochs": steps * args.drafter_batch / len(trained),
         "held_out": held_out,
+        "exported": exported,
         "baselines": {"prompt_lookup": held["prompt_lookup"]},
         "train_prompts": seen,
         "drafter": {
@@ -477,6 +484,28 @@ def drafter_point(
             "eval_s": time.perf_counter() - t0,
         },
     }
+
+
+def exported_tau(
+    args: argparse.Namespace, config: Any, run_dir: Path, held: dict[str, Any]
+) -> dict[str, Any]:
+    """The drafter as an engine gets it: the final checkpoint exported by `trainer.export` in
+    `--export-dtype`, read back from that folder alone (`trainer.hf_format.load_folder`), its τ
+    on the held-out prompts. Beside `held_out` it shows what export and rounding cost."""
+    from trainer.export import export
+    from trainer.hf_format import load_folder, read_config
+
+    out = run_dir.parent / f"{run_dir.name}-export"
+    shutil.rmtree(out, ignore_errors=True)  # the previous run's folder: export refuses to overwrite
+    folder = export(config, run_dir, out, dtype=args.export_dtype)
+    target = held["target"]
+    layers = list(read_config(folder)["dflash_config"]["target_layer_ids"])
+    if layers != target.layers:
+        raise SystemExit(f"{folder} reads target layers {layers}, the target {target.layers}")
+    drafter, _ = load_folder(folder, device=target.device)  # fp32, like the evaluated drafter
+    block = trained_block(target, drafter)
+    row = measure(target, block, held["prompts"], args.max_new_tokens, expected=held["expected"])
+    return {**row, "folder": str(folder), "dtype": args.export_dtype}
 
 
 def drafter_steps(
@@ -642,7 +671,15 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
         result["points"].append(drafter_point(args, samples[:n], held, device, steps))
     last = result["points"][-1]
     # the largest point's figures at the top level; every point under `points`
-    for key in ("samples", "epochs", "held_out", "baselines", "train_prompts", "drafter"):
+    for key in (
+        "samples",
+        "epochs",
+        "held_out",
+        "exported",
+        "baselines",
+        "train_prompts",
+        "drafter",
+    ):
         result[key] = last[key]
     return result
 
@@ -808,6 +845,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-prompts", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--lookup-max-n", type=int, default=4, help="prompt lookup: n-grams n…1")
+    p.add_argument(
+        "--export-dtype",
+        choices=sorted(DTYPES),
+        default="bf16",
+        help="the weights of the exported folder each point is also measured from (as served)",
+    )
     args = p.parse_args(argv)
     if args.train_data and not args.reuse_target:
         p.error("--train-data needs --reuse-target: data made with the target saved in --work")

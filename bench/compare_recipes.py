@@ -100,19 +100,21 @@ def load_results(out: Path, names: list[str]) -> dict[str, dict[str, Any] | None
 
 def summary(results: dict[str, dict[str, Any] | None]) -> list[str]:
     rows = [
-        "| recipe | samples | steps | epochs | held-out τ (95 % interval) | prompt lookup τ "
-        "| training-prompt τ "
-        "| held-out acc% at every position |"
+        "| recipe | samples | steps | epochs | held-out τ (95 % interval) | exported τ "
+        "| prompt lookup τ | training-prompt τ | held-out acc% at every position |"
     ]
-    rows.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    rows.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, result in results.items():
         if result is None:
-            rows.append(f"| {name} | (no result) | | | | | | |")
+            rows.append(f"| {name} | (no result) | | | | | | | |")
             continue
         for point in result.get("points", []):
+            exported = point.get("exported")  # results written before it was measured lack it
+            exported_tau = f"{exported['tau']:.2f}" if exported else "—"
             rows.append(
                 f"| {name} | {point['samples']:,} | {point['drafter']['steps']:,} "
                 f"| {point['epochs']:.1f} | {with_interval(point['held_out'])} "
+                f"| {exported_tau} "
                 f"| {point['baselines']['prompt_lookup']['tau']:.2f} "
                 f"| {point['train_prompts']['tau']:.2f} "
                 f"| {percents(point['held_out'].get('slot_accuracy'))} |"

@@ -42,6 +42,9 @@ def check_point(point: dict, *, samples: int, steps: int, batch: int = 4) -> Non
         assert len(row["slot_accuracy"]) == BLOCK - 1
         assert all(0.0 <= a <= 1.0 for a in row["slot_accuracy"])
     assert point["baselines"]["prompt_lookup"]["slot_accuracy"] is None
+    exported = point["exported"]  # the same drafter read back from its exported folder
+    assert exported["lossless"] is True and exported["prompts"] == point["held_out"]["prompts"]
+    assert (Path(exported["folder"]) / "model.safetensors").is_file()
 
 
 def test_smoke_points_and_train_data(tmp_path: Path) -> None:
@@ -89,7 +92,7 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
     again = bench(
         "--work", str(work), "--out", str(out), "--reuse-target", "--train-data", sources,
         "--drafter-steps", "4", "--feature-layers", "0", "--kl-weight", "0.5",
-        "--set", "loss.gamma=2", "--set", "model.init_layers=[1]",
+        "--set", "loss.gamma=2", "--set", "model.init_layers=[1]", "--export-dtype", "fp32",
     )  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     reused = json.loads(out.read_text())
@@ -105,6 +108,11 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
     assert resolved["loss.gamma"] == 2.0 and resolved["model.init_layers"] == [1]
     assert [p["samples"] for p in reused["points"]] == [8, 16]  # of 8 + 16 given
     check_point(reused["points"][0], samples=8, steps=4)
+    for point in reused["points"]:  # fp32 weights through the folder: the very same drafts
+        exported, held_out = point["exported"], point["held_out"]
+        assert exported["dtype"] == "fp32"
+        assert exported["prompt_counts"] == held_out["prompt_counts"]
+        assert exported["slot_acceptance"] == held_out["slot_acceptance"]
     assert reused["baselines"]["prompt_lookup"]["tau"] == lookup["tau"]  # same target, prompts
 
     prepared = bench(
@@ -221,6 +229,7 @@ def test_recipes_side_by_side_share_one_target_and_data(tmp_path: Path) -> None:
         greedy["points"][0]["held_out"]["tau_interval"],
     )
     assert table[2].split("|")[5].strip() == f"{tau:.2f} ({interval[0]:.2f}–{interval[1]:.2f})"
+    assert table[2].split("|")[6].strip() == f"{greedy['points'][0]['exported']['tau']:.2f}"
     # mixed against greedy, paired over the same held-out prompts, at each point
     from trainer.tau_bootstrap import tau_difference
 
@@ -280,3 +289,16 @@ def test_prompt_sources_side_by_side(tmp_path: Path) -> None:
     )
     table = (out / "summary.md").read_text()
     assert "| target-files |" in table and "| unseen-files |" in table
+
+
+def test_summary_reads_results_written_before_the_export_was_measured() -> None:
+    """A stored H200 result without `exported`: its row says so instead of failing the table."""
+    from bench.compare_recipes import load_results, summary
+
+    stored = REPO / "bench" / "results" / "h200-unseen-prompts" / "sources"
+    results = load_results(stored, ["target-files", "unseen-files"])
+    rows = summary(results)
+    assert len(rows) == 2 + 2
+    cells = rows[2].split("|")
+    assert cells[1].strip() == "target-files" and cells[6].strip() == "—"
+    assert cells[5].strip().startswith("2.22 (")
