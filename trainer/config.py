@@ -90,6 +90,7 @@ class DataConfig:
 
     path: str = ""  # JSONL of chats ("messages"), text ("text") or tokens ("input_ids")
     batch_size: int = 1  # sequences per step
+    micro_batches: int = 1  # the batch trained in this many parts, one optimizer step
     max_len: int = 4096  # longer samples are truncated
     num_anchors: int = 256  # blocks per sequence (padded with invalid blocks)
     bucket: int = 128  # sequence lengths are padded up to a multiple of this
@@ -102,6 +103,13 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _positive("data.batch_size", self.batch_size)
+        _positive("data.micro_batches", self.micro_batches)
+        if self.micro_batches > self.batch_size:
+            raise TrainConfigError(
+                "data.micro_batches",
+                f"{self.micro_batches} parts of a batch of {self.batch_size} sequences: a part "
+                "is one sequence or more; lower it or raise data.batch_size",
+            )
         _positive("data.max_len", self.max_len)
         _positive("data.num_anchors", self.num_anchors)
         _positive("data.bucket", self.bucket)
@@ -332,6 +340,8 @@ class TrainConfig:
                 del flat[key]
         for key in _STARTING_WEIGHTS:  # a checkpoint's weights replace them on resume
             flat.pop(key, None)
+        for key in _HOW_NOT_WHAT:  # the same step computed otherwise: free on resume
+            flat.pop(key, None)
         return flat
 
     def schedule_settings(self) -> dict[str, Any]:
@@ -359,6 +369,9 @@ class TrainConfig:
 _ADDED_LATER: dict[str, Any] = {"data.enable_thinking": None, "data.system_prompt": ""}
 # Keys that only choose the weights of step 0: a resumed run may change them.
 _STARTING_WEIGHTS = ("model.init_layers",)
+# Keys that change how a step is computed, not the step: a resumed run may change them (e.g.
+# more parts after running out of memory).
+_HOW_NOT_WHAT = ("data.micro_batches",)
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,

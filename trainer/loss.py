@@ -37,6 +37,10 @@ into a (V, D) fp32 accumulator, including the KL term's path through p_target, t
 gradient of the loss as defined); `target_hidden` is a constant. `kl` is computed whenever
 `target_hidden` is given (0 otherwise), whatever `kl_weight` is.
 
+A batch trained in parts (`data.micro_batches`) passes the whole batch's normalisers W and C
+(`loss_norms`) to the loss of each part: the parts' losses, terms and gradients then add up to
+the whole batch's.
+
 Only `.loss` carries a gradient; `.ce`, `.kl`, `.cap` and `.slot_accuracy` are detached values
 for logging. `slot_accuracy[k]` is NaN for slots without a supervised label (always slot 0).
 Inputs that are all ignored give loss 0 (still attached to the graph, zero gradients).
@@ -65,6 +69,36 @@ class LossOutput:
     kl: Tensor
     cap: Tensor
     slot_accuracy: Tensor
+
+
+@dataclass(frozen=True)
+class LossNorms:
+    """The loss's normalisers over a batch: W = Σ w (ce and kl) and C, the blocks whose slot 1
+    is supervised (cap)."""
+
+    weight_total: Tensor  # () W, in the loss's compute dtype
+    cap_blocks: int
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The loss's own precision for inputs of `dtype`: fp64 stays fp64, the rest is fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _supervised_weights(labels: Tensor, gamma: float, compute: torch.dtype) -> Tensor:
+    """(N, B) w_k = exp(−(k−1)/γ) where slot k ≥ 1 has a label, else 0."""
+    n_blocks, b = labels.shape
+    slot = torch.arange(b, device=labels.device)
+    supervised = (labels != IGNORE_INDEX) & (slot >= 1)
+    return torch.exp(-(slot.to(compute) - 1) / gamma).expand(n_blocks, b) * supervised
+
+
+def loss_norms(labels: Tensor, gamma: float, dtype: torch.dtype = torch.float32) -> LossNorms:
+    """W and C of `labels` (N, B), for inputs of `dtype` (`compute_dtype`): what the loss of each
+    part of a batch divides by, so that the parts add up to the whole."""
+    w = _supervised_weights(labels, gamma, compute_dtype(dtype))
+    capped = int((labels[:, 1] != IGNORE_INDEX).sum()) if labels.shape[1] > 1 else 0
+    return LossNorms(weight_total=w.sum(), cap_blocks=capped)
 
 
 def default_chunk_rows(vocab_size: int, block_size: int, *, bytes_per_logit: int) -> int:
@@ -213,12 +247,15 @@ class _Plan:
     chunk_blocks: int
 
 
-def _plan(labels: Tensor, gamma: float, chunk_rows: int, compute: torch.dtype) -> _Plan:
+def _plan(
+    labels: Tensor, gamma: float, chunk_rows: int, compute: torch.dtype, norms: LossNorms | None
+) -> _Plan:
+    """`norms`: the whole batch's W and C when `labels` are a part of it; None: these labels'."""
     n_blocks, b = labels.shape
     slot = torch.arange(b, device=labels.device)
     supervised = (labels != IGNORE_INDEX) & (slot >= 1)  # (N, B)
-    w = torch.exp(-(slot.to(compute) - 1) / gamma).expand(n_blocks, b) * supervised  # (N, B)
-    total = w.sum()
+    w = _supervised_weights(labels, gamma, compute)  # (N, B)
+    total = w.sum() if norms is None else norms.weight_total.to(compute)
     w = w / torch.where(total > 0, total, torch.ones_like(total))
     flat = supervised.reshape(-1)
     rows = flat.nonzero().squeeze(1)  # (R,)
@@ -226,6 +263,7 @@ def _plan(labels: Tensor, gamma: float, chunk_rows: int, compute: torch.dtype) -
     per_chunk = torch.nn.functional.pad(supervised.sum(1), (0, -n_blocks % chunk_blocks))
     per_chunk = per_chunk.view(-1, chunk_blocks).sum(1).cumsum(0)
     capped = int(supervised[:, 1].sum()) if b > 1 else 0
+    capped = capped if norms is None else norms.cap_blocks
     return _Plan(
         rows=rows,
         labels=labels.reshape(-1)[rows],
@@ -371,13 +409,15 @@ def dflash_loss(
     cap_weight: float = 0.0,
     chunk_rows: int | None = None,
     kernels: str | None = None,
+    norms: LossNorms | None = None,
 ) -> LossOutput:
     """The DFlash loss (see the module docstring for the definition and how it is computed).
 
     hidden (N, B, D), weight (V, D), labels (N, B) long, target_hidden (N, B, D) or None.
     `chunk_rows` is rounded down to whole blocks (at least one); None picks it from the
     vocabulary size (`default_chunk_rows`). `kernels` picks the per-chunk functions
-    ("eager", "compiled", "triton"; default `default_kernels`).
+    ("eager", "compiled", "triton"; default `default_kernels`). `norms`: the whole batch's
+    (`loss_norms`) when these rows are a part of it.
     """
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be (N, B, D), got {tuple(hidden.shape)}")
@@ -399,13 +439,13 @@ def dflash_loss(
     if not math.isfinite(cap_weight):
         raise ValueError(f"cap_weight must be finite, got {cap_weight}")
 
-    compute = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(hidden.dtype)
     use_kl = target_hidden is not None
     chunk = chunk_kernels(default_kernels(hidden) if kernels is None else kernels)
     if chunk_rows is None:
         per = _bytes_per_logit(weight.element_size(), kernels=chunk, kl=use_kl)
         chunk_rows = default_chunk_rows(weight.shape[0], b, bytes_per_logit=per)
-    plan = _plan(labels, gamma, chunk_rows, compute)
+    plan = _plan(labels, gamma, chunk_rows, compute, norms)
     grad_on = torch.is_grad_enabled()
     need = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad)
     target = None if target_hidden is None else target_hidden.detach()

@@ -2,7 +2,8 @@
 trains on them.
 
 `TargetWorker.produce(batch) -> Features` runs the frozen target; `DrafterWorker.train_step(
-features, step)` runs the drafter, the loss and one optimizer step. `Features` is everything that
+features, step)` runs the drafter, the loss and one optimizer step (over the batch's parts in
+turn with `data.micro_batches`: `trainer.micro_batches`). `Features` is everything that
 crosses between them — the selected hidden states, the target's last hidden state (for the KL
 term: the frozen lm_head is applied on the drafter's side, so no vocabulary-wide logits ever
 travel), token ids, anchors, validity and labels — so that the roles can later live on different
@@ -14,16 +15,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
 
 from trainer.config import LossConfig, OptimConfig, TrainConfig
 from trainer.data import Batch, uniform_noise
 from trainer.errors import TrainerError
-from trainer.loss import dflash_loss
+from trainer.loss import LossNorms, LossOutput, dflash_loss, loss_norms
+from trainer.micro_batches import combine, part_rows
 from trainer.model import Drafter, DrafterShape, shape_from_target
 from trainer.target import Target
 
@@ -124,6 +127,7 @@ class DrafterWorker:
         seed: int = 0,
         loss_chunk_rows: int | None = None,
         compile_layers: bool = False,
+        micro_batches: int = 1,
     ) -> None:
         if compile_layers:
             drafter.compile_layers()
@@ -139,6 +143,7 @@ class DrafterWorker:
         self.noise = noise
         self.loss_chunk_rows = loss_chunk_rows  # None: sized from the vocabulary by the loss
         self.seed = seed
+        self.micro_batches = micro_batches
         self.optim_config = optim
         decay = [p for p in drafter.parameters() if p.dim() >= 2]
         no_decay = [p for p in drafter.parameters() if p.dim() < 2]
@@ -202,6 +207,7 @@ class DrafterWorker:
             noise=config.data.noise,
             seed=config.run.seed,
             compile_layers=config.run.compiles_on(device),
+            micro_batches=config.data.micro_batches,
         )
 
     def _autocast(self):
@@ -210,6 +216,8 @@ class DrafterWorker:
         return nullcontext()
 
     def train_step(self, features: Features, step: int) -> StepResult:
+        """Forward and backward over the batch (in `micro_batches` parts of whole sequences,
+        gradients accumulated), then one optimizer step."""
         start = time.perf_counter()
         f = features
         hidden = f.hidden
@@ -222,27 +230,22 @@ class DrafterWorker:
                 device=hidden.device,
                 dtype=hidden.dtype,
             )
-        b = self.drafter.shape.block_size
         self.drafter.train()
-        with self._autocast():
-            out = self.module(
-                hidden, f.input_ids, f.anchors, f.valid, self.embed_weight
-            )  # (Bsz, N, B, H)
-        target_hidden = None
-        if self.loss_config.kl_weight > 0:
-            target_hidden = target_hidden_for_blocks(f.last_hidden, f.anchors, b)
-            target_hidden = target_hidden.reshape(-1, b, out.shape[-1]).to(out.dtype)
-        result = dflash_loss(
-            out.reshape(-1, b, out.shape[-1]),
-            self.lm_head_weight,
-            f.labels.reshape(-1, b),
-            gamma=self.gamma,
-            target_hidden=target_hidden,
-            kl_weight=self.loss_config.kl_weight,
-            cap_weight=self.loss_config.cap_weight,
-            chunk_rows=self.loss_chunk_rows,
+        parts = part_rows(hidden.shape[0], self.micro_batches)
+        b = self.drafter.shape.block_size
+        # one part: the loss's own normalisers; several: the whole batch's, so that they add up
+        norms = (
+            None
+            if len(parts) == 1
+            else loss_norms(f.labels.reshape(-1, b), self.gamma, hidden.dtype)
         )
-        result.loss.backward()
+        outputs = []
+        for i, rows in enumerate(parts):
+            with self._gradient_sync(last=i == len(parts) - 1):
+                output = self._part_loss(hidden[rows], f, rows, norms)
+                output.loss.backward()
+            outputs.append(output)
+        result = combine(outputs, [f.labels[rows] for rows in parts])
         clip = self.optim_config.grad_clip
         params = list(self.drafter.parameters())
         if clip > 0:
@@ -270,6 +273,37 @@ class DrafterWorker:
             tokens=f.num_tokens,
             seconds=time.perf_counter() - start,
         )
+
+    def _part_loss(
+        self, hidden: Tensor, f: Features, rows: slice, norms: LossNorms | None
+    ) -> LossOutput:
+        """The drafter's forward and the loss on the sequences `rows` of the batch."""
+        b = self.drafter.shape.block_size
+        with self._autocast():
+            out = self.module(
+                hidden, f.input_ids[rows], f.anchors[rows], f.valid[rows], self.embed_weight
+            )  # (rows, N, B, H)
+        target_hidden = None
+        if self.loss_config.kl_weight > 0:
+            target_hidden = target_hidden_for_blocks(f.last_hidden[rows], f.anchors[rows], b)
+            target_hidden = target_hidden.reshape(-1, b, out.shape[-1]).to(out.dtype)
+        return dflash_loss(
+            out.reshape(-1, b, out.shape[-1]),
+            self.lm_head_weight,
+            f.labels[rows].reshape(-1, b),
+            gamma=self.gamma,
+            target_hidden=target_hidden,
+            kl_weight=self.loss_config.kl_weight,
+            cap_weight=self.loss_config.cap_weight,
+            chunk_rows=self.loss_chunk_rows,
+            norms=norms,
+        )
+
+    def _gradient_sync(self, *, last: bool) -> AbstractContextManager[None]:
+        """DDP all-reduces the gradients after the batch's last part only."""
+        if last or not isinstance(self.module, DistributedDataParallel):
+            return nullcontext()
+        return self.module.no_sync()
 
     def state_dict(self) -> dict:
         return {

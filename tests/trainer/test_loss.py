@@ -251,3 +251,44 @@ def test_compiled_chunk_kernels_match_reference():
         assert abs(float(got) - float(want)) < 1e-5 * max(1.0, abs(float(want)))
     assert rel(h.grad.double(), h64.grad) < 1e-5
     assert rel(w.grad.double(), w64.grad) < 1e-5
+
+
+@pytest.mark.parametrize("weights", CASES, ids=["ce", "kl", "ce+cap", "all"])
+def test_parts_with_the_batch_norms_add_up_to_the_batch(weights):
+    """Gradient accumulation: each part's loss over the whole batch's W and C; the parts'
+    losses, terms and gradients sum to the reference of the whole batch."""
+    from trainer.loss import loss_norms
+
+    hidden, weight, target, labels = make(n=9, seed=4)
+    labels[4, 1] = IGNORE_INDEX  # a block that cap leaves out
+    labels[6:8] = IGNORE_INDEX  # a part with nothing supervised in places
+    h_parts = hidden.clone().requires_grad_(True)
+    h_ref = hidden.clone().requires_grad_(True)
+    t = target if weights["kl_weight"] > 0 else None
+    norms = loss_norms(labels, 3.0, hidden.dtype)
+    totals = [0.0, 0.0, 0.0, 0.0]
+    for rows in (slice(0, 2), slice(2, 6), slice(6, 9)):
+        out = dflash_loss(
+            h_parts[rows],
+            weight,
+            labels[rows],
+            gamma=3.0,
+            target_hidden=None if t is None else t[rows],
+            chunk_rows=8,
+            norms=norms,
+            **weights,
+        )
+        out.loss.backward()
+        for i, term in enumerate((out.loss, out.ce, out.kl, out.cap)):
+            totals[i] += float(term)
+    ref = reference(h_ref, weight, labels, gamma=3.0, target_hidden=t, **weights)
+    for got, want in zip(totals, ref, strict=True):
+        assert abs(got - float(want)) <= 1e-10 * max(1.0, abs(float(want)))
+    ref[0].backward()
+    assert rel(h_parts.grad, h_ref.grad) < 1e-10
+    # without the batch's norms each part would be its own mean: not the batch's loss
+    alone = sum(
+        float(dflash_loss(hidden[r], weight, labels[r], gamma=3.0, chunk_rows=8).loss)
+        for r in (slice(0, 2), slice(2, 6), slice(6, 9))
+    )
+    assert abs(alone - float(reference(hidden, weight, labels, gamma=3.0)[0])) > 1e-3

@@ -192,6 +192,22 @@ def test_one_target_two_drafters(tmp_path, assets) -> None:
 
 
 @pytest.mark.slow
+def test_two_drafters_training_in_parts_match_one_part(tmp_path, assets) -> None:
+    """`data.micro_batches = 2` under DDP: the drafters all-reduce once per step (after the
+    second part) and train as with whole batches: the same losses, the same weights."""
+    runs = {}
+    for parts in (1, 2):
+        out, _, ranks = run_split(
+            tmp_path, assets, procs=3, targets=1, steps=4, checkpoint_every=0,
+            data={"micro_batches": parts},
+        )  # fmt: skip
+        assert ranks[1]["params_sha256"] == ranks[2]["params_sha256"]
+        rows = (out / "metrics.jsonl").read_text().splitlines()
+        runs[parts] = [json.loads(line)["loss"] for line in rows]
+    assert runs[2] == pytest.approx(runs[1], rel=1e-5, abs=0)
+
+
+@pytest.mark.slow
 def test_two_targets_one_drafter_and_resume(tmp_path, assets) -> None:
     out, log, ranks = run_split(tmp_path, assets, procs=3, targets=2, steps=4, checkpoint_every=2)
     check_exactly_once(ranks, expected=4)

@@ -66,6 +66,25 @@ def test_resume_equals_uninterrupted(tmp_path, assets) -> None:
     assert steps == list(range(1, 2 * k + 1))
 
 
+def test_resume_in_other_parts_repeats_the_uninterrupted_losses(tmp_path, assets) -> None:
+    """`data.micro_batches` changes how a step is computed, not the step: a run stopped at its
+    checkpoint resumes in two parts (say, after running out of memory) and goes on as it
+    would have in one."""
+    k = 4
+    cfg = tiny_config(assets, run={"steps": 2 * k, "checkpoint_every": k})
+    full = [r.loss for r in Trainer(cfg, tmp_path / "a", emit=lambda _: None).run()]
+    first = Trainer(cfg, tmp_path / "b", emit=lambda _: None)
+    part1 = [r.loss for r in first.run(until=k)]
+    del first
+    parts = tiny_config(
+        assets, run={"steps": 2 * k, "checkpoint_every": k}, data={"micro_batches": 2}
+    )
+    second = Trainer(parts, tmp_path / "b", emit=lambda _: None)
+    assert second.step == k
+    part2 = [r.loss for r in second.run()]
+    assert part1 + part2 == pytest.approx(full, rel=1e-5, abs=0)
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     return subprocess.run(
