@@ -96,6 +96,23 @@ SMOKE = {
 }
 
 
+def add_batch_options(parser: argparse.ArgumentParser) -> None:
+    """The drafter's batch: sequences per step, and the parts it trains them in (one optimizer
+    step: gradient accumulation spreads the optimizer's fixed cost over more tokens)."""
+    parser.add_argument("--batch-size", type=int, default=1, help="data.batch_size (sequences)")
+    parser.add_argument(
+        "--micro-batches", type=int, default=1, help="data.micro_batches (≤ --batch-size)"
+    )
+
+
+def batch_spec(args: argparse.Namespace) -> dict:
+    return {
+        "attention_kernels": args.attention_kernels,
+        "batch_size": args.batch_size,
+        "micro_batches": args.micro_batches,
+    }
+
+
 def target_config(spec: dict):
     from transformers import Qwen3Config
 
@@ -136,7 +153,8 @@ def train_config(spec: dict, data: Path, *, device: str, steps: int):
             },
             "data": {
                 "path": str(data),
-                "batch_size": 1,
+                "batch_size": spec.get("batch_size", 1),
+                "micro_batches": spec.get("micro_batches", 1),
                 "max_len": spec["seq_len"],
                 "num_anchors": spec["num_anchors"],
                 "bucket": 128 if spec["seq_len"] >= 128 else spec["seq_len"],
@@ -291,8 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="run.attention_kernels of the drafter (flash: the CuTe-DSL kernels, flash-attn-4)",
     )
+    add_batch_options(parser)
     args = parser.parse_args(argv)
-    spec = {**(SMOKE if args.smoke else FULL), "attention_kernels": args.attention_kernels}
+    spec = {**(SMOKE if args.smoke else FULL), **batch_spec(args)}
     if not args.smoke and torch.cuda.device_count() < 2:
         print("needs 2 CUDA GPUs (use --smoke for a CPU check)", file=sys.stderr)
         return 2

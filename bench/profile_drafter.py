@@ -35,6 +35,8 @@ from bench.bench_pipeline import (
     FULL,
     PEAK_BF16,
     SMOKE,
+    add_batch_options,
+    batch_spec,
     drafter_model_flops,
     stream_batches,
     target_config,
@@ -112,11 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="run.attention_kernels: the flex kernel preset (flash needs flash-attn-4)",
     )
+    add_batch_options(parser)
     args = parser.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         print("needs a CUDA GPU (use --smoke for a CPU check)", file=sys.stderr)
         return 2
-    spec = {**(SMOKE if args.smoke else FULL), "attention_kernels": args.attention_kernels}
+    spec = {**(SMOKE if args.smoke else FULL), **batch_spec(args)}
     device = torch.device("cpu" if args.smoke else "cuda")
 
     from torch._dynamo.utils import counters
@@ -162,10 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "compiled_layers": worker.compiled,
         "attention_kernels": args.attention_kernels,
+        "batch_size": args.batch_size,
+        "micro_batches": args.micro_batches,
         "graph_breaks": dict(counters["graph_break"]),
         "model_flops_per_step": flops,
         "step_ms": step_s * 1e3,
-        "tokens_per_s": spec["seq_len"] / step_s,
+        "tokens_per_s": spec["seq_len"] * args.batch_size / step_s,
         "mfu_vs_peak": flops / step_s / PEAK_BF16,
         "kernel_ms_per_step": kernel_us / 1e3,
         "profiled_step_ms": profiled_s * 1e3,

@@ -52,3 +52,17 @@ def test_smoke_run_writes_its_summary(tmp_path, capsys) -> None:
     assert {"matmul", "attention forward", "optimizer"} <= kinds
     assert sum(r["share"] for r in result["kinds"]) == pytest.approx(1.0)
     assert "| kind | ms per step | share of kernel time |" in capsys.readouterr().out
+
+
+def test_smoke_run_in_parts_counts_the_whole_batch(tmp_path) -> None:
+    """Two sequences a step in two parts: the model FLOPs and tokens of both sequences."""
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    base = ["--smoke", "--steps", "1", "--warmup", "1"]
+    assert main([*base, "--out", str(one)]) == 0
+    assert main([*base, "--batch-size", "2", "--micro-batches", "2", "--out", str(two)]) == 0
+    single, double = (json.loads(p.read_text()) for p in (one, two))
+    assert (double["batch_size"], double["micro_batches"]) == (2, 2)
+    assert double["model_flops_per_step"] == pytest.approx(
+        2 * single["model_flops_per_step"], rel=0.25
+    )  # the same shapes, other random tokens
+    assert double["tokens_per_s"] == pytest.approx(2 * 128 / (double["step_ms"] / 1e3))
