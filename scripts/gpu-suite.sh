@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and the GPU benchmarks in one go, on a machine with CUDA and PyTorch.
 #   scripts/gpu-suite.sh [tests|bench|profile|all]     (default: all)
-# profile: where a drafter step spends its GPU time, with its layers compiled and eager (and with
-# the CuTe-DSL attention kernels where flash-attn-4 imports).
+# profile: where a drafter step spends its GPU time, with its layers compiled and eager, with two
+# sequences a step in two parts (data.micro_batches: one optimizer step for both), and with the
+# CuTe-DSL attention kernels where flash-attn-4 imports.
 # Results go to $OUT (or ./gpu-results): pytest log, one JSON per benchmark.
 # Wheels in .whl/ (peers for the benchmarks, or packages the machine lacks) are installed into a
 # private folder first, so a machine without network can run it.
@@ -48,6 +49,9 @@ if [ "$what" = profile ] || [ "$what" = all ]; then
       | tee "$out/profile-compile-$mode.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
+  $PY bench/profile_drafter.py --batch-size 2 --micro-batches 2 --out "$out/profile-parts.json" \
+    2>&1 | tee "$out/profile-parts.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   if [ ${#flash[@]} -gt 0 ]; then  # the drafter step with FlexAttention's CuTe-DSL kernels
     $PY bench/profile_drafter.py --attention-kernels flash --out "$out/profile-flash.json" 2>&1 \
       | tee "$out/profile-flash.log"
