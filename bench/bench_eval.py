@@ -79,7 +79,7 @@ from trainer.speculative import (  # noqa: E402
     DFlashDrafter,
     LosslessViolation,
     evaluate,
-    greedy_decode,
+    greedy_outputs,
 )
 from trainer.target import Target, load_target  # noqa: E402
 
@@ -647,7 +647,7 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     target = fp32_target(work / "target", device, drafter_config(args, work, work, device).model)
     prompts = eval_prompts.tolist()
-    expected = [greedy_decode(target, p, args.max_new_tokens) for p in prompts]
+    expected = greedy_outputs(target, prompts, args.max_new_tokens)
     held = {"target": target, "prompts": prompts, "expected": expected}
     held["prompt_lookup"] = lookup_baseline(target, prompts, args, expected)
     timings["baseline_s"] = time.perf_counter() - t0

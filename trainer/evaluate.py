@@ -29,7 +29,14 @@ from trainer.errors import TrainerError
 from trainer.eval_prompts import load_prompts
 from trainer.model import Drafter
 from trainer.prompt_lookup import BASELINES, baseline_drafter
-from trainer.speculative import BlockDrafter, DFlashDrafter, EvalReport, evaluate, greedy_decode
+from trainer.speculative import (
+    BATCH_TOKENS,
+    BlockDrafter,
+    DFlashDrafter,
+    EvalReport,
+    evaluate,
+    greedy_outputs,
+)
 from trainer.target import Target
 from trainer.tau_bootstrap import tau_difference
 
@@ -93,20 +100,21 @@ def compare(
     check_lossless: bool = True,
     eos: Sequence[int] | None = None,
     progress: Callable[[int, int, float], None] | None = None,
+    batch_tokens: int = BATCH_TOKENS,
 ) -> Comparison:
     """`evaluate` of the drafter and of each baseline on the same prompts; the plain greedy
     output the lossless check needs is decoded once for all of them. `progress` follows the
     drafter's prompts (see `evaluate`)."""
     expected = (
-        [greedy_decode(target, p, max_new_tokens, eos=eos) for p in prompts]
+        greedy_outputs(target, prompts, max_new_tokens, eos=eos, batch_tokens=batch_tokens)
         if check_lossless and baselines
         else None
     )
 
     def one(d: BlockDrafter, progress: Callable[[int, int, float], None] | None) -> EvalReport:
         return evaluate(
-            target, d, prompts, max_new_tokens=max_new_tokens,
-            check_lossless=check_lossless, eos=eos, expected=expected, progress=progress,
+            target, d, prompts, max_new_tokens=max_new_tokens, check_lossless=check_lossless,
+            eos=eos, expected=expected, progress=progress, batch_tokens=batch_tokens,
         )  # fmt: skip
 
     return Comparison(one(drafter, progress), {name: one(b, None) for name, b in baselines.items()})
@@ -173,6 +181,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts only")
     p.add_argument("--no-lossless-check", action="store_true", help="skip plain greedy decoding")
     p.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=BATCH_TOKENS,
+        help="prompts decoded together: rows × (longest prompt + new tokens) per forward at "
+        "most (one prompt at least); lower it if the target's forward runs out of memory",
+    )
+    p.add_argument(
         "--baseline",
         choices=BASELINES,
         default="prompt-lookup",
@@ -183,6 +198,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = p.parse_args(argv)
+    if args.batch_tokens < 1:
+        p.error("--batch-tokens must be ≥ 1")
     if not 1 <= args.lookup_min_n <= args.lookup_max_n:
         p.error("need 1 ≤ --lookup-min-n ≤ --lookup-max-n")
     return args
@@ -237,6 +254,7 @@ def run(args: argparse.Namespace) -> Comparison:
         max_new_tokens=args.max_new_tokens,
         check_lossless=not args.no_lossless_check,
         progress=None if say is None else _progress_printer(say),
+        batch_tokens=args.batch_tokens,
     )
 
 

@@ -2,7 +2,8 @@
 
 Training accuracy can be high while serving acceptance is near 1 (an off-by-one between mask,
 positions and labels does exactly that), so the drafter is judged by decoding with it, the way
-an inference engine does, one prompt at a time:
+an inference engine does (each prompt on its own; a batch of prompts shares every forward, each
+right-padded row computing what it would alone):
 
 1. prefill: the target runs over the prompt (positions 0…P−1); its selected hidden states are the
    context features and its greedy prediction at P−1 is the first new token, at position p = P;
@@ -17,7 +18,9 @@ an inference engine does, one prompt at a time:
    context; repeat until `max_new_tokens` new tokens or EOS.
 
 The target recomputes the whole prefix at each verify (no KV cache): simple and obviously
-correct, and cheap at the sizes this runs on. `evaluate` reports τ, the mean acceptance length
+correct, and cheap at the sizes this runs on; prompts are decoded `batch_tokens` at a time (a
+row leaves the batch when it is finished), so a verify or greedy step is one forward for many
+prompts rather than one each. `evaluate` reports τ, the mean acceptance length
 (tokens per verify forward, bonus included, as found by the verify pass even where the output is
 then cut at the token budget or EOS); per-slot acceptance (the fraction of verify passes whose
 draft at slot k was accepted, so τ = 1 + Σ_k rate_k); for a trained drafter, its accuracy by
@@ -35,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +50,10 @@ from trainer.model import Drafter
 from trainer.slot_accuracy import SlotAccuracy
 from trainer.target import Target
 from trainer.tau_bootstrap import prompt_counts, tau_interval
+
+# Tokens of one batched forward at its longest (rows × longest row): the verify pass of a batch
+# of prompts keeps every selected layer's hidden states of all its positions.
+BATCH_TOKENS = 8192
 
 
 class LosslessViolation(TrainerError):
@@ -70,8 +77,17 @@ class LosslessViolation(TrainerError):
         self.got = got
 
 
+class DraftRequest(NamedTuple):
+    """One block to draft: the arguments of `BlockDrafter.draft`."""
+
+    features: Tensor  # (1, anchor, n·H)
+    input_ids: Tensor  # (1, anchor + 1)
+    anchor: int
+
+
 class BlockDrafter(Protocol):
-    """What the evaluator calls to draft one block."""
+    """What the evaluator calls to draft one block (a drafter may also offer
+    `draft_many(requests) -> list[Tensor]`, the blocks of several sequences at once)."""
 
     block_size: int
 
@@ -113,36 +129,66 @@ class DFlashDrafter:
         forward (`Drafter.forward`) with a single valid anchor."""
         return self.blocks_hidden(features, input_ids, [anchor])[0]
 
-    @torch.no_grad()
     def blocks_hidden(self, features: Tensor, input_ids: Tensor, anchors: list[int]) -> Tensor:
         """One block per anchor in one forward → (N, B, H); features (1, ≥ last anchor, n·H)
         and input_ids (1, ≥ last anchor + 1). Each block sees the features before its own
         anchor only (the training mask), so the blocks are those of separate `draft` calls."""
-        device = features.device
         last = max(anchors)
         seq = bucket_length(last + 1, self.bucket)
         feats = F.pad(features[:, :last], (0, 0, 0, seq - last))  # (1, S, n·H)
         ids = F.pad(input_ids[:, : last + 1], (0, seq - last - 1))  # (1, S)
-        starts = torch.tensor([anchors], device=device)  # (1, N)
+        starts = torch.tensor([anchors], device=features.device)  # (1, N)
+        return self._forward(feats, ids, starts)[0]
+
+    def rows_hidden(self, requests: Sequence[DraftRequest]) -> Tensor:
+        """One block per request, each of its own sequence, in one forward → (n, B, H): the
+        sequences right-padded to one length, each block seeing its own features only."""
+        last = max(r.anchor for r in requests)
+        seq = bucket_length(last + 1, self.bucket)
+        feats = torch.cat(
+            [F.pad(r.features[:, : r.anchor], (0, 0, 0, seq - r.anchor)) for r in requests]
+        )  # (n, S, n·H)
+        ids = torch.cat(
+            [F.pad(r.input_ids[:, : r.anchor + 1], (0, seq - r.anchor - 1)) for r in requests]
+        )  # (n, S)
+        starts = torch.tensor([[r.anchor] for r in requests], device=feats.device)  # (n, 1)
+        return self._forward(feats, ids, starts)[:, 0]
+
+    @torch.no_grad()
+    def _forward(self, feats: Tensor, ids: Tensor, starts: Tensor) -> Tensor:
+        """`Drafter.forward` in eval mode on this drafter's attention backend → (n, N, B, H)."""
         valid = torch.ones_like(starts, dtype=torch.bool)
         was_training, backend = self.drafter.training, self.drafter.attention_backend
         self.drafter.eval()
         self.drafter.attention_backend = self.backend
         autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if feats.device.type == "cuda"
+            else nullcontext()
         )
         try:
             with autocast:
-                hidden = self.drafter(feats, ids, starts, valid, self.embed_weight)  # (1,N,B,H)
+                return self.drafter(feats, ids, starts, valid, self.embed_weight)
         finally:
             self.drafter.train(was_training)
             self.drafter.attention_backend = backend
-        return hidden[0]
 
     def draft(self, features: Tensor, input_ids: Tensor, anchor: int) -> Tensor:
-        hidden = self.block_hidden(features, input_ids, anchor)  # (B, H)
-        logits = hidden[1:].float() @ self.lm_head_weight.float().T  # (B−1, V)
-        return logits.argmax(-1)
+        return self.draft_many([DraftRequest(features, input_ids, anchor)])[0]
+
+    def draft_many(self, requests: Sequence[DraftRequest]) -> list[Tensor]:
+        """The B−1 proposals of each request, from one forward."""
+        hidden = self.rows_hidden(requests)  # (n, B, H)
+        logits = hidden[:, 1:].float() @ self.lm_head_weight.float().T  # (n, B−1, V)
+        return list(logits.argmax(-1).unbind(0))
+
+
+def draft_many(drafter: BlockDrafter, requests: Sequence[DraftRequest]) -> list[Tensor]:
+    """The drafter's blocks for `requests`: at once where it can, else one `draft` each."""
+    many = getattr(drafter, "draft_many", None)
+    if many is not None:
+        return list(many(requests))
+    return [drafter.draft(r.features, r.input_ids, r.anchor) for r in requests]
 
 
 # ---- decoding --------------------------------------------------------------------------------
@@ -170,21 +216,64 @@ def _cut(tokens: list[int], max_new: int, eos: set[int]) -> tuple[list[int], boo
     return tokens[:max_new], len(tokens) >= max_new
 
 
-@torch.no_grad()
+def _rows(rows: Sequence[Sequence[int]], device: torch.device) -> Tensor:
+    """(n, longest) right-padded with token 0: causal attention keeps each row's own positions
+    exactly as they would be alone."""
+    width = max(len(r) for r in rows)
+    return torch.tensor([[*r, *[0] * (width - len(r))] for r in rows], device=device)
+
+
 def greedy_decode(
     target: Target, prompt: Sequence[int], max_new_tokens: int, *, eos: Sequence[int] | None = None
 ) -> list[int]:
-    """The target's own greedy output: one forward over the whole sequence per new token."""
+    """The target's own greedy output for one prompt (`greedy_decode_many`)."""
+    return greedy_decode_many(target, [prompt], max_new_tokens, eos=eos)[0]
+
+
+@torch.no_grad()
+def greedy_decode_many(
+    target: Target,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    eos: Sequence[int] | None = None,
+) -> list[list[int]]:
+    """Each prompt's greedy output: one forward over the sequences still going per new token."""
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("empty prompt")
     stop = _eos_ids(target, eos)
-    ids = torch.tensor([list(prompt)], device=target.device)  # (1, L)
-    new: list[int] = []
-    while True:
-        out = target(ids)
-        tok = int(_logits(target, out.last_hidden[0, -1]).argmax())
-        new, done = _cut([*new, tok], max_new_tokens, stop)
-        if done:
-            return new
-        ids = torch.cat([ids, ids.new_tensor([[tok]])], dim=1)
+    seqs = [list(p) for p in prompts]
+    new: list[list[int]] = [[] for _ in prompts]
+    going = list(range(len(prompts)))
+    while going:
+        out = target(_rows([seqs[i] for i in going], target.device))
+        last = torch.tensor([len(seqs[i]) - 1 for i in going], device=target.device)
+        rows = torch.arange(len(going), device=target.device)
+        tokens = _logits(target, out.last_hidden[rows, last]).argmax(-1).tolist()
+        still = []
+        for i, tok in zip(going, tokens, strict=True):
+            new[i], done = _cut([*new[i], tok], max_new_tokens, stop)
+            seqs[i].append(tok)
+            if not done:
+                still.append(i)
+        going = still
+    return new
+
+
+def greedy_outputs(
+    target: Target,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    eos: Sequence[int] | None = None,
+    batch_tokens: int = BATCH_TOKENS,
+) -> list[list[int]]:
+    """`greedy_decode_many` over any number of prompts, `batch_tokens` at a time: the outputs
+    the lossless check compares with, decoded once for several drafters."""
+    outputs: list[list[int]] = []
+    for batch in prompt_batches(prompts, max_new_tokens, batch_tokens):
+        outputs += greedy_decode_many(target, [prompts[i] for i in batch], max_new_tokens, eos=eos)
+    return outputs
 
 
 @dataclass(frozen=True)
@@ -194,7 +283,6 @@ class PromptResult:
     target_forwards: int  # prefill + verify passes
 
 
-@torch.no_grad()
 def speculative_decode(
     target: Target,
     drafter: BlockDrafter,
@@ -203,36 +291,93 @@ def speculative_decode(
     *,
     eos: Sequence[int] | None = None,
 ) -> PromptResult:
-    """Greedy block speculative decoding of one prompt (steps in the module docstring)."""
-    if not prompt:
+    """Greedy block speculative decoding of one prompt (`speculative_decode_many`)."""
+    return speculative_decode_many(target, drafter, [prompt], max_new_tokens, eos=eos)[0]
+
+
+@dataclass
+class _Sequence:
+    """One prompt's decoding state: `ids` are the positions the target has confirmed (their
+    features are `features`); `new` ends with the token the next block is anchored on."""
+
+    ids: list[int]
+    features: Tensor  # (1, len(ids), n·H)
+    new: list[int]
+    accepted: list[int]
+    forwards: int = 1  # the prefill
+
+
+@torch.no_grad()
+def speculative_decode_many(
+    target: Target,
+    drafter: BlockDrafter,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    eos: Sequence[int] | None = None,
+) -> list[PromptResult]:
+    """Greedy block speculative decoding of each prompt (steps in the module docstring), the
+    prompts still going drafted together (`draft_many`) and verified in one forward."""
+    if any(len(p) == 0 for p in prompts):
         raise ValueError("empty prompt")
+    if not prompts:
+        return []
     stop = _eos_ids(target, eos)
+    device = target.device
+    out = target(_rows(prompts, device))  # prefill
+    last = torch.tensor([len(p) - 1 for p in prompts], device=device)
+    firsts = _logits(target, out.last_hidden[torch.arange(len(prompts)), last]).argmax(-1)
+    seqs, going = [], []
+    for i, (prompt, first) in enumerate(zip(prompts, firsts.tolist(), strict=True)):
+        new, done = _cut([first], max_new_tokens, stop)
+        seqs.append(_Sequence(list(prompt), out.features[i : i + 1, : len(prompt)], new, []))
+        if not done:
+            going.append(i)
+    while going:
+        going = _verify_round(
+            target, drafter, [seqs[i] for i in going], going, max_new_tokens, stop
+        )
+    return [
+        PromptResult(tokens=q.new, accepted=q.accepted, target_forwards=q.forwards) for q in seqs
+    ]
+
+
+def _verify_round(
+    target: Target,
+    drafter: BlockDrafter,
+    seqs: list[_Sequence],
+    indices: list[int],
+    max_new_tokens: int,
+    stop: set[int],
+) -> list[int]:
+    """One draft and verify pass of every sequence in `seqs` (updated in place); returns the
+    `indices` of those still going."""
     b = drafter.block_size
-    ids = torch.tensor([list(prompt)], device=target.device)  # (1, P)
-    out = target(ids)  # prefill
-    forwards = 1
-    first = int(_logits(target, out.last_hidden[0, -1]).argmax())
-    new, done = _cut([first], max_new_tokens, stop)
-    features = out.features  # (1, P, n·H): context of the anchor at position P
-    accepted: list[int] = []
-    while not done:
-        anchor = ids.shape[1]  # position of the newest token, not yet seen by the target
-        ids = torch.cat([ids, ids.new_tensor([[new[-1]]])], dim=1)  # (1, anchor + 1)
-        draft = drafter.draft(features, ids, anchor).to(ids.device)  # (k,), k ≤ B−1
-        k = draft.shape[0]
-        if k > b - 1:
-            raise ValueError(f"the drafter proposed {k} tokens, more than B−1 = {b - 1}")
-        out = target(torch.cat([ids, draft[None]], dim=1))  # verify: (1, anchor + 1 + k)
-        forwards += 1
-        preds = _logits(target, out.last_hidden[0, anchor:]).argmax(-1)  # (k+1,) g_1 … g_k+1
-        match = (draft == preds[:k]).long()
-        a = int(match.cumprod(0).sum())  # longest matching prefix
-        accepted.append(a)
-        gained = [*draft[:a].tolist(), int(preds[a])]
-        new, done = _cut([*new, *gained], max_new_tokens, stop)
-        ids = torch.cat([ids, ids.new_tensor([gained[:-1]])], dim=1)  # accepted drafts
-        features = out.features[:, : ids.shape[1]]  # features of every confirmed position
-    return PromptResult(tokens=new, accepted=accepted, target_forwards=forwards)
+    device = target.device
+    for q in seqs:
+        q.ids.append(q.new[-1])  # the anchor: the newest token, not yet seen by the target
+    requests = [
+        DraftRequest(q.features, torch.tensor([q.ids], device=device), len(q.ids) - 1) for q in seqs
+    ]
+    drafts = [d.to(device) for d in draft_many(drafter, requests)]  # (k,) each, k ≤ B−1
+    for d in drafts:
+        if d.shape[0] > b - 1:
+            raise ValueError(f"the drafter proposed {d.shape[0]} tokens, more than B−1 = {b - 1}")
+    out = target(_rows([q.ids + d.tolist() for q, d in zip(seqs, drafts, strict=True)], device))
+    still = []
+    for row, (q, d, i) in enumerate(zip(seqs, drafts, indices, strict=True)):
+        anchor, k = len(q.ids) - 1, d.shape[0]
+        q.forwards += 1
+        preds = _logits(target, out.last_hidden[row, anchor : anchor + k + 1]).argmax(-1)
+        a = int((d == preds[:k]).long().cumprod(0).sum())  # longest matching prefix
+        q.accepted.append(a)
+        gained = [*d[:a].tolist(), int(preds[a])]
+        q.new, done = _cut([*q.new, *gained], max_new_tokens, stop)
+        q.ids.extend(gained[:-1])  # accepted drafts
+        q.features = out.features[row : row + 1, : len(q.ids)]  # every confirmed position
+        if not done:
+            still.append(i)
+    return still
 
 
 # ---- the report ------------------------------------------------------------------------------
@@ -305,11 +450,13 @@ def evaluate(
     eos: Sequence[int] | None = None,
     expected: Sequence[list[int]] | None = None,
     progress: Callable[[int, int, float], None] | None = None,
+    batch_tokens: int = BATCH_TOKENS,
 ) -> EvalReport:
     """Speculative decoding over `prompts`; with `check_lossless`, also plain greedy decoding
     of each prompt (or its output given in `expected`, to decode it once for several drafters),
-    and `LosslessViolation` on the first differing token. `progress(done, total, τ so far)`
-    after each prompt (a long evaluation is not silent until its end)."""
+    and `LosslessViolation` on the first differing token. Prompts go in batches of about
+    `batch_tokens` tokens at their longest (`prompt_batches`); `progress(done, total, τ so
+    far)` after each batch (a long evaluation is not silent until its end)."""
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be ≥ 1")
     if not prompts:
@@ -317,20 +464,27 @@ def evaluate(
     if expected is not None and len(expected) != len(prompts):
         raise ValueError(f"{len(expected)} expected outputs for {len(prompts)} prompts")
     b = drafter.block_size
-    results = []
+    results: list[PromptResult] = []
     every = SlotAccuracy(target, drafter) if isinstance(drafter, DFlashDrafter) else None
-    for i, prompt in enumerate(prompts):
-        res = speculative_decode(target, drafter, prompt, max_new_tokens, eos=eos)
+    for batch in prompt_batches(prompts, max_new_tokens + b, batch_tokens):
+        chunk = [prompts[i] for i in batch]
+        decoded = speculative_decode_many(target, drafter, chunk, max_new_tokens, eos=eos)
         if check_lossless:
-            want = None if expected is None else expected[i]
-            _check_lossless(target, i, prompt, res.tokens, max_new_tokens, eos, want=want)
-        if every is not None:  # the output is the target's greedy one (checked or not)
-            every.add(prompt, res.tokens)
-        results.append(res)
+            want = (
+                greedy_decode_many(target, chunk, max_new_tokens, eos=eos)
+                if expected is None
+                else [expected[i] for i in batch]
+            )
+            for i, res, w in zip(batch, decoded, want, strict=True):
+                _check_lossless(target, i, prompts[i], res.tokens, max_new_tokens, eos, want=w)
+        for prompt, res in zip(chunk, decoded, strict=True):
+            if every is not None:  # the output is the target's greedy one (checked or not)
+                every.add(prompt, res.tokens)
+        results.extend(decoded)
         if progress is not None:
             so_far = [a for r in results for a in r.accepted]
             tau = (sum(so_far) + len(so_far)) / len(so_far) if so_far else float("nan")
-            progress(i + 1, len(prompts), tau)
+            progress(len(results), len(prompts), tau)
     accepted = [a for r in results for a in r.accepted]
     verifies = len(accepted)
     counts = prompt_counts([r.accepted for r in results])
@@ -352,6 +506,25 @@ def evaluate(
         tau_interval=tau_interval(counts) if verifies else None,
         prompt_counts=counts,
     )
+
+
+def prompt_batches(
+    prompts: Sequence[Sequence[int]], extra: int, batch_tokens: int
+) -> list[list[int]]:
+    """Consecutive runs of prompt indices whose rows, each as long as the batch's longest
+    prompt plus `extra` tokens, stay within `batch_tokens` (one prompt at least): the memory of
+    a forward over the batch, kept in prompt order so that reports stay per prompt."""
+    batches: list[list[int]] = []
+    longest = 0
+    for i, prompt in enumerate(prompts):
+        width = max(longest, len(prompt) + extra)
+        if batches and width * (len(batches[-1]) + 1) <= batch_tokens:
+            batches[-1].append(i)
+            longest = width
+        else:
+            batches.append([i])
+            longest = len(prompt) + extra
+    return batches
 
 
 def _check_lossless(

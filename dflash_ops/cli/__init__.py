@@ -11,6 +11,7 @@
     dflash rollback [--to ID]
     dflash checkpoints [prune --keep N]
     dflash eval --prompts PATH [--checkpoint NAME] [--max-new-tokens N] [--limit N] [--json]
+                [--batch-tokens N]
     dflash plan [--gpus G] [--steps N] [--warmup N] [--json] [--force]
     dflash generate --prompts PATH --out DIR [--max-new-tokens N] [--temperature T] …
 

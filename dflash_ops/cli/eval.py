@@ -52,6 +52,16 @@ def eval_(
             help="Also decode the prompts with this drafter and report its tau beside yours.",
         ),
     ] = Baseline.prompt_lookup,
+    batch_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-tokens",
+            min=1,
+            help="Prompts decoded together: rows × (longest prompt + new tokens) per target "
+            "forward at most (8192); lower it if the target runs out of memory, 1 for one "
+            "prompt at a time.",
+        ),
+    ] = None,
     *,
     where: TargetChoice,
 ) -> None:
@@ -77,6 +87,7 @@ def eval_(
             limit=limit,
             as_json=as_json,
             baseline=baseline.value,
+            batch_tokens=batch_tokens,
         )
         stream = evaluation.start(ws, request)
         code = drain(stream, what="evaluation", failure=lambda s: evaluation.failure(ws, s))

@@ -31,6 +31,7 @@ class EvalRequest:
     limit: int | None = None
     as_json: bool = False
     baseline: str | None = None  # "prompt-lookup" | "none"; None: the evaluator's default
+    batch_tokens: int | None = None  # prompts decoded together; None: the evaluator's default
 
 
 def checkpoint_path(ws: Workspace, checkpoint: str | None) -> str:
@@ -69,6 +70,8 @@ def evaluator_argv(ws: Workspace, request: EvalRequest, *, checkpoint: str) -> l
         args += ["--limit", str(request.limit)]
     if request.baseline is not None:
         args += ["--baseline", request.baseline]
+    if request.batch_tokens is not None:
+        args += ["--batch-tokens", str(request.batch_tokens)]
     if request.as_json:
         args.append("--json")
     current = f"{ws.target.root}/current"
@@ -101,6 +104,7 @@ def start(ws: Workspace, request: EvalRequest) -> StreamResult:
         limit=request.limit,
         as_json=request.as_json,
         baseline=request.baseline,
+        batch_tokens=request.batch_tokens,
     )
     return ws.place.stream(evaluator_argv(ws, request, checkpoint=checkpoint))
 

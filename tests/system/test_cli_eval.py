@@ -173,7 +173,8 @@ def test_eval_over_ssh(deployed: Deployed, ssh_home: object, tmp_path: Path) -> 
 
 
 def test_eval_streams_progress_as_it_goes(deployed: Deployed, tmp_path: Path) -> None:
-    """Each prompt's line arrives while the evaluator still works on the next ones."""
+    """Each batch's line arrives while the evaluator still works on the next ones (one prompt
+    a batch here: `--batch-tokens 1`)."""
     import os
     import subprocess
 
@@ -183,7 +184,7 @@ def test_eval_streams_progress_as_it_goes(deployed: Deployed, tmp_path: Path) ->
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(
         [sys.executable, "-m", "dflash_ops", "eval", "--prompts", str(prompts),
-         "--max-new-tokens", "48"],
+         "--max-new-tokens", "48", "--batch-tokens", "1"],
         cwd=deployed.project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
