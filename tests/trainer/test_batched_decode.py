@@ -11,8 +11,8 @@ import dataclasses
 import pytest
 import torch
 
-from trainer.config import DemoConfig, ModelConfig
-from trainer.demo import ensure_demo_assets
+from tests.trainer.demo_target import demo_target
+from trainer.config import ModelConfig
 from trainer.model import Drafter, shape_from_target
 from trainer.prompt_lookup import PromptLookupDrafter
 from trainer.speculative import (
@@ -24,17 +24,14 @@ from trainer.speculative import (
     speculative_decode,
     speculative_decode_many,
 )
-from trainer.target import Target, load_target
+from trainer.target import Target
 
 BLOCK = 4
-DEMO = DemoConfig(enabled=True, num_samples=8, num_layers=4, prompt_len=6, gen_len=10)
 
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Target:
-    torch.set_num_threads(1)
-    target_dir, _ = ensure_demo_assets(tmp_path_factory.mktemp("assets"), DEMO)
-    loaded = load_target(target_dir, num_layers=2)
+    loaded = demo_target(tmp_path_factory)
     loaded.model.double()
     return loaded
 

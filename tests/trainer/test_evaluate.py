@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.config import DemoConfig, ModelConfig
-from trainer.demo import ensure_demo_assets
+from tests.trainer.demo_target import demo_target
+from trainer.config import ModelConfig
 from trainer.eval_prompts import PromptFileError, load_prompts
 from trainer.evaluate import compare
 from trainer.model import Drafter, shape_from_target
@@ -25,18 +25,15 @@ from trainer.speculative import (
     greedy_decode,
     speculative_decode,
 )
-from trainer.target import Target, load_target
+from trainer.target import Target
 from trainer.tau_bootstrap import prompt_counts, tau_difference, tau_interval
 
 BLOCK = 4
-DEMO = DemoConfig(enabled=True, num_samples=8, num_layers=4, prompt_len=6, gen_len=10)
 
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Target:
-    torch.set_num_threads(1)
-    target_dir, _ = ensure_demo_assets(tmp_path_factory.mktemp("assets"), DEMO)
-    return load_target(target_dir, num_layers=2)
+    return demo_target(tmp_path_factory)
 
 
 def random_prompts(n: int, length: int, *, seed: int) -> list[list[int]]:
