@@ -69,18 +69,13 @@ if str(ROOT) not in sys.path:
 
 from trainer.config import LossConfig, TrainConfigError, config_from_dict, load_config  # noqa: E402
 from trainer.data import Sample, load_samples, write_samples  # noqa: E402
+from trainer.drafters import BlockDrafter, DFlashDrafter  # noqa: E402
 from trainer.eval_prompts import prompt_of_sample  # noqa: E402
 from trainer.evaluate import load_drafter  # noqa: E402
 from trainer.hf_format import DTYPES  # noqa: E402
 from trainer.probe import spread  # noqa: E402
 from trainer.prompt_lookup import PromptLookupDrafter  # noqa: E402
-from trainer.speculative import (  # noqa: E402
-    BlockDrafter,
-    DFlashDrafter,
-    LosslessViolation,
-    evaluate,
-    greedy_outputs,
-)
+from trainer.speculative import LosslessViolation, evaluate, greedy_outputs  # noqa: E402
 from trainer.target import Target, load_target  # noqa: E402
 
 SPECIAL = ["<|pad|>", "<|endoftext|>"]

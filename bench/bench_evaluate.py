@@ -28,9 +28,10 @@ if str(ROOT) not in sys.path:
 from bench.bench_generate import SHAPES  # noqa: E402
 from bench.common import environment, markdown, sync, write  # noqa: E402
 from trainer.config import ModelConfig  # noqa: E402
+from trainer.drafters import BlockDrafter, DFlashDrafter  # noqa: E402
 from trainer.model import Drafter, shape_from_target  # noqa: E402
 from trainer.prompt_lookup import PromptLookupDrafter  # noqa: E402
-from trainer.speculative import BATCH_TOKENS, BlockDrafter, DFlashDrafter, evaluate  # noqa: E402
+from trainer.speculative import BATCH_TOKENS, evaluate  # noqa: E402
 from trainer.target import Target, load_target  # noqa: E402
 
 

@@ -25,18 +25,12 @@ from typing import Any
 import torch
 
 from trainer.data import template_options
+from trainer.drafters import BlockDrafter, DFlashDrafter
 from trainer.errors import TrainerError
 from trainer.eval_prompts import load_prompts
 from trainer.model import Drafter
 from trainer.prompt_lookup import BASELINES, baseline_drafter
-from trainer.speculative import (
-    BATCH_TOKENS,
-    BlockDrafter,
-    DFlashDrafter,
-    EvalReport,
-    evaluate,
-    greedy_outputs,
-)
+from trainer.speculative import BATCH_TOKENS, EvalReport, evaluate, greedy_outputs
 from trainer.target import Target
 from trainer.tau_bootstrap import tau_difference
 

@@ -28,10 +28,11 @@ from typing import Any
 
 from trainer.config import TrainConfigError
 from trainer.data import Sample, template_options
+from trainer.drafters import BlockDrafter, DFlashDrafter
 from trainer.eval_prompts import load_prompts, prompt_of_sample
 from trainer.model import Drafter
 from trainer.prompt_lookup import baseline_drafter
-from trainer.speculative import BlockDrafter, DFlashDrafter, EvalReport, evaluate
+from trainer.speculative import EvalReport, evaluate
 from trainer.target import Target
 
 MEMORISING = "the drafter memorises its training data: more data or fewer epochs"

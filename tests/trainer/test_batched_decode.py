@@ -13,11 +13,10 @@ import torch
 
 from tests.trainer.demo_target import demo_target
 from trainer.config import ModelConfig
+from trainer.drafters import DFlashDrafter, DraftRequest
 from trainer.model import Drafter, shape_from_target
 from trainer.prompt_lookup import PromptLookupDrafter
 from trainer.speculative import (
-    DFlashDrafter,
-    DraftRequest,
     evaluate,
     greedy_decode_many,
     prompt_batches,

@@ -13,12 +13,12 @@ import torch
 
 from tests.trainer.demo_target import demo_target
 from trainer.config import ModelConfig
+from trainer.drafters import DFlashDrafter
 from trainer.eval_prompts import PromptFileError, load_prompts
 from trainer.evaluate import compare
 from trainer.model import Drafter, shape_from_target
 from trainer.prompt_lookup import PromptLookupDrafter
 from trainer.speculative import (
-    DFlashDrafter,
     LosslessViolation,
     _check_lossless,
     evaluate,

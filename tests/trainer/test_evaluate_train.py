@@ -21,8 +21,9 @@ import torch
 import trainer.data as data_module
 from trainer.config import TrainConfigError, config_from_dict
 from trainer.data import load_samples
+from trainer.drafters import DFlashDrafter
 from trainer.eval_prompts import prompt_of_sample
-from trainer.speculative import DFlashDrafter, EvalReport, evaluate, greedy_decode
+from trainer.speculative import EvalReport, evaluate, greedy_decode
 from trainer.target import Target
 from trainer.trainer import Trainer
 

@@ -17,11 +17,12 @@ import torch
 from trainer import checkpoint as ckpt
 from trainer.config import config_from_dict
 from trainer.data import load_samples
+from trainer.drafters import DFlashDrafter
 from trainer.eval_prompts import prompt_of_sample
 from trainer.export import ExportRefused, export
 from trainer.hf_format import DrafterFolderError, hf_tensors, load_folder, write_folder
 from trainer.model import DRAFTER_FORMAT
-from trainer.speculative import DFlashDrafter, evaluate
+from trainer.speculative import evaluate
 from trainer.target import default_target_layers
 from trainer.trainer import Trainer
 
