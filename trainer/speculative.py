@@ -44,7 +44,7 @@ from torch import Tensor
 from trainer.drafters import BlockDrafter, DFlashDrafter, DraftRequest, draft_many
 from trainer.errors import TrainerError
 from trainer.slot_accuracy import SlotAccuracy
-from trainer.target import Target
+from trainer.target import Target, TargetOutput
 from trainer.tau_bootstrap import prompt_counts, tau_interval
 
 # Tokens of one batched forward at its longest (rows × longest row): the verify pass of a batch
@@ -105,6 +105,14 @@ def _rows(rows: Sequence[Sequence[int]], device: torch.device) -> Tensor:
     return torch.tensor([[*r, *[0] * (width - len(r))] for r in rows], device=device)
 
 
+def _forward_next(target: Target, seqs: Sequence[Sequence[int]]) -> tuple[TargetOutput, list[int]]:
+    """The target over `seqs` (right-padded rows), and each row's greedy next token."""
+    out = target(_rows(seqs, target.device))
+    last = torch.tensor([len(q) - 1 for q in seqs], device=target.device)
+    rows = torch.arange(len(seqs), device=target.device)
+    return out, _logits(target, out.last_hidden[rows, last]).argmax(-1).tolist()
+
+
 def greedy_decode(
     target: Target, prompt: Sequence[int], max_new_tokens: int, *, eos: Sequence[int] | None = None
 ) -> list[int]:
@@ -128,10 +136,7 @@ def greedy_decode_many(
     new: list[list[int]] = [[] for _ in prompts]
     going = list(range(len(prompts)))
     while going:
-        out = target(_rows([seqs[i] for i in going], target.device))
-        last = torch.tensor([len(seqs[i]) - 1 for i in going], device=target.device)
-        rows = torch.arange(len(going), device=target.device)
-        tokens = _logits(target, out.last_hidden[rows, last]).argmax(-1).tolist()
+        _, tokens = _forward_next(target, [seqs[i] for i in going])
         still = []
         for i, tok in zip(going, tokens, strict=True):
             new[i], done = _cut([*new[i], tok], max_new_tokens, stop)
@@ -205,12 +210,9 @@ def speculative_decode_many(
     if not prompts:
         return []
     stop = _eos_ids(target, eos)
-    device = target.device
-    out = target(_rows(prompts, device))  # prefill
-    last = torch.tensor([len(p) - 1 for p in prompts], device=device)
-    firsts = _logits(target, out.last_hidden[torch.arange(len(prompts)), last]).argmax(-1)
+    out, firsts = _forward_next(target, prompts)  # prefill
     seqs, going = [], []
-    for i, (prompt, first) in enumerate(zip(prompts, firsts.tolist(), strict=True)):
+    for i, (prompt, first) in enumerate(zip(prompts, firsts, strict=True)):
         new, done = _cut([first], max_new_tokens, stop)
         seqs.append(_Sequence(list(prompt), out.features[i : i + 1, : len(prompt)], new, []))
         if not done:
