@@ -246,14 +246,16 @@ def write_prompts(path: Path, prompts: torch.Tensor) -> None:
 # ---- training data -------------------------------------------------------------------------------
 
 
-def training_samples(args: argparse.Namespace, stream: torch.Tensor, device: torch.device) -> Any:
-    """The drafter's training data (the one place to swap the source). `--train-data`: files or
-    folders `trainer.data.load_samples` reads, made with this benchmark's target
+def training_samples(
+    args: argparse.Namespace, stream: torch.Tensor | None, device: torch.device
+) -> Any:
+    """The drafter's training data (the one place to swap the source). `--train-data` (`stream`
+    None): files or folders `trainer.data.load_samples` reads, made with this benchmark's target
     (`--reuse-target`); otherwise `trainer.generate` (the command users run) answers random
     windows of `stream` (the files of `--drafter-prompts`) with the saved target, once per
     `--gen-temperatures` entry (0: greedy), into token shards. Several sources are interleaved,
     so that the first N samples of every point hold each source in equal parts."""
-    if args.train_data:
+    if stream is None:
         max_len = args.prompt_len + args.gen_len
         return interleave([load_samples(path, max_len=max_len) for path in args.train_data])
     work = Path(args.work)
@@ -610,15 +612,15 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
         f"{len(texts.held)} held out"
     )
     tokenizer, target_info = target_and_tokenizer(args, texts.train, device)
-    stream, held_stream = encode(tokenizer, texts.train), encode(tokenizer, texts.held)
-    unseen = args.drafter_prompts == "unseen-files" and not args.train_data
-    prompt_stream = encode(tokenizer, texts.unseen) if unseen else stream
-    source = (
-        f"the drafter's prompts from {len(prompt_stream):,} tokens of the {args.drafter_prompts}"
-    )
-    if args.train_data:
-        source = f"the drafter's data from {', '.join(args.train_data)}"
-    log(f"tokens: {len(stream):,} training, {len(held_stream):,} held out; {source}")
+    held_stream = encode(tokenizer, texts.held)
+    prompt_stream = None  # given data (--train-data) need no prompts
+    source = f"the drafter's data from {', '.join(args.train_data or [])}"
+    if not args.train_data:
+        files = texts.unseen if args.drafter_prompts == "unseen-files" else texts.train
+        prompt_stream = encode(tokenizer, files)
+        tokens = len(prompt_stream)
+        source = f"the drafter's prompts from {tokens:,} tokens of the {args.drafter_prompts}"
+    log(f"tokens: {len(held_stream):,} held out; {source}")
     timings = {"target_s": time.perf_counter() - t0}
 
     t0 = time.perf_counter()
