@@ -2,7 +2,7 @@
 training prompts, beside prompt lookup on the same target and prompts.
 
     python bench/bench_eval.py                            # one H200; writes bench/results/h200-eval.json
-    python bench/bench_eval.py --samples 65536 --out eval.json        # one point (< 10 min)
+    python bench/bench_eval.py --samples 65536 --drafter-steps 1600 --out eval.json  # one point
     python bench/bench_eval.py --reuse-target --train-data DIR,DIR2   # data made elsewhere
     python bench/bench_eval.py --gen-temperatures 0,0.8 --prepare-only # target + data, then stop
     python bench/bench_eval.py --smoke --out /tmp/e.json  # tiny, CPU, checks the path
@@ -22,17 +22,18 @@ GPU run, in order:
    saved in `--work`);
 4. training data (`training_samples`, the one function that picks the source): `trainer.generate`
    (what users run) answers windows of the files kept from the target (`--drafter-prompts
-   target-files`: of its training files) with the saved target, greedily (or
-   once per `--gen-temperatures` entry, the sets interleaved; `--gen-sampled-prefix N`: a
-   temperature samples the first N tokens only, then the answer is greedy), into token shards
+   target-files`: of its training files) with the saved target, once per `--gen-temperatures`
+   entry (by default 16 tokens sampled at temperature 1, then the greedy answer: `--gen-sampled-
+   prefix`; 0 is greedy from the start; several sets are interleaved), into token shards
    supervised on the answers; or `--train-data`, data made with the same target;
    `--prepare-only` stops here (`bench/compare_recipes.py` then trains several recipes on it);
 5. prompt lookup (n-gram drafting, n = `--lookup-max-n`…1) on the held-out prompts, once (the
    target is fixed), with the target in fp32 (so that the lossless check is not at the mercy of
    bf16 rounding between forwards of different lengths);
-6. the drafter's step time, measured on a short run of the same drafter (which also compiles
-   its kernels once for all points): each point trains for as many steps as fit
-   `--drafter-seconds` (or exactly `--drafter-steps`), the same for every point;
+6. each point's steps: `--drafter-steps`, one count per point (600, 1,200 and 2,400 for the
+   default 2,048, 20,480 and 98,304 samples: about 3 epochs where the data allow), the same on
+   every GPU; with `--drafter-steps 0`, as many as fit `--drafter-seconds`, from the step time
+   of a short run of the same drafter;
 7. for each data size of `--samples` (a "point"): a drafter trained for those steps on
    the first N samples with the project's trainer (`trainer.trainer`, its τ probe logging held-out
    and training-prompt τ), then `trainer.evaluate` on the held-out prompts and on prompts of
@@ -505,14 +506,32 @@ def exported_tau(
     return {**row, "folder": str(folder), "dtype": args.export_dtype}
 
 
+def point_plan(args: argparse.Namespace, available: int) -> dict[int, int]:
+    """{samples: steps} of every point, smallest first; a count past the `available` samples
+    becomes all of them. Steps: `--drafter-steps` (one count for all points, or one per point in
+    the order of the sorted `--samples`), by default `DEFAULT_EPOCHS` over the point's samples
+    and at least `MIN_STEPS`; 0: from `--drafter-seconds` (filled in by `drafter_steps`)."""
+    given = args.drafter_steps
+    plan: dict[int, int] = {}
+    for i, requested in enumerate(args.samples):
+        n = min(requested, available)
+        if given is None:
+            plan[n] = max(MIN_STEPS, math.ceil(DEFAULT_EPOCHS * n / args.drafter_batch))
+        else:
+            plan[n] = given[0] if len(given) == 1 else given[i]
+    return plan
+
+
 def drafter_steps(
     args: argparse.Namespace, samples: list[Sample], device: torch.device
-) -> tuple[int, float | None]:
-    """(steps per point, seconds per step): `--drafter-steps` when given; otherwise as many as
-    fit `--drafter-seconds`, from the steady-state step time of a short run of the same drafter
-    on the same data (which also compiles what every point then reuses)."""
-    if args.drafter_steps:
-        return args.drafter_steps, None
+) -> tuple[dict[int, int], float | None]:
+    """({samples: steps} of every point, seconds per step): `point_plan`'s steps; with
+    `--drafter-steps 0`, as many as fit `--drafter-seconds`, from the steady-state step time of
+    a short run of the same drafter on the same data (which also compiles what every point then
+    reuses)."""
+    plan = point_plan(args, len(samples))
+    if all(plan.values()):
+        return plan, None
     from trainer.trainer import Trainer
 
     work = Path(args.work)
@@ -533,11 +552,13 @@ def drafter_steps(
     log(
         f"drafter step {1e3 * step_s:.1f} ms: {steps} steps per point ({args.drafter_seconds:.0f} s)"
     )
-    return steps, step_s
+    return dict.fromkeys(plan, steps), step_s
 
 
 SPLIT_FILE = "bench-corpus-split.json"  # beside the saved target: which files it learnt
 DEFAULT_UNSEEN_EVERY = 4  # a new target's split: answers to kept files carry over (benchmarks.md)
+DEFAULT_EPOCHS = 3  # a point's default steps: 3 passes over its samples…
+MIN_STEPS = 600  # …and at least this many (the 2,048-sample point memorises: 37 epochs)
 
 
 def split_of(args: argparse.Namespace) -> dict[str, int]:
@@ -638,7 +659,7 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
         }
 
     t0 = time.perf_counter()
-    steps, step_s = drafter_steps(args, samples, device)
+    plan, step_s = drafter_steps(args, samples, device)
     timings["calibrate_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -649,7 +670,6 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
     held["prompt_lookup"] = lookup_baseline(target, prompts, args, expected)
     timings["baseline_s"] = time.perf_counter() - t0
 
-    counts = sorted({min(n, len(samples)) for n in args.samples})  # not more than there are
     result: dict[str, Any] = {
         "mode": "smoke" if args.smoke else "gpu",
         "target": target_info,
@@ -663,7 +683,7 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
         "drafter_step_s": step_s,
         "timings_s": timings,
     }
-    for n in counts:
+    for n, steps in plan.items():
         save_partial(args, result)  # a run cut short still leaves what it measured
         result["points"].append(drafter_point(args, samples[:n], held, device, steps))
     last = result["points"][-1]
@@ -764,7 +784,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--samples",
         type=sample_counts,
-        default=[2048, 20480, 65536],
+        default=[2048, 20480, 98304],
         help="training samples of each drafter point, comma-separated (e.g. 2048,20480)",
     )
     p.add_argument(
@@ -777,13 +797,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--gen-temperatures",
         type=temperatures,
-        default=[0.0],
+        default=[1.0],
         help="one generated data set per temperature, interleaved (0: greedy), e.g. 0,0.8",
     )
     p.add_argument(
         "--gen-sampled-prefix",
         type=int,
-        default=0,
+        default=16,
         metavar="N",
         help="a temperature > 0 samples only the first N answer tokens (then greedy: "
         "trainer.generate --sampled-prefix)",
@@ -836,9 +856,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a drafter training setting over the benchmark's own, e.g. loss.gamma=2 (repeatable)",
     )
     p.add_argument(
-        "--drafter-steps", type=int, default=0, help="steps per point (0: --drafter-seconds)"
+        "--drafter-steps",
+        type=step_counts,
+        default=None,
+        help="steps of every point, or one count per point, smallest point first (default: "
+        f"{DEFAULT_EPOCHS} epochs, at least {MIN_STEPS}; 0: as many as fit --drafter-seconds)",
     )
-    p.add_argument("--drafter-seconds", type=float, default=120.0, help="training time per point")
+    p.add_argument(
+        "--drafter-seconds",
+        type=float,
+        default=120.0,
+        help="training time per point with --drafter-steps 0",
+    )
     p.add_argument("--eval-prompts", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--lookup-max-n", type=int, default=4, help="prompt lookup: n-grams n…1")
@@ -877,12 +906,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             block_size=4,
             drafter_batch=4,
             anchors=8,
-            drafter_seconds=0.3,  # steps from the time budget: the calibration runs too
+            drafter_seconds=0.3,  # steps from the time budget unless given: calibration runs
             eval_prompts=2,
             max_new_tokens=12,
         )
         for key, value in small.items():
             setattr(args, key, value)
+        args.drafter_steps = args.drafter_steps or [0]
+    steps = args.drafter_steps or [1]
+    if len(steps) not in (1, len(args.samples)) or (len(steps) > 1 and 0 in steps):
+        p.error(
+            f"--drafter-steps: one count for all points or one per point ({len(args.samples)} "
+            f"from --samples), each ≥ 1; got {','.join(map(str, steps))}"
+        )
     try:  # a bad --set is refused now, not after minutes of target training
         drafter_config(args, Path("later"), Path("later"), torch.device("cpu"))
     except TrainConfigError as exc:
@@ -898,6 +934,17 @@ def sample_counts(text: str) -> list[int]:
     counts = sorted({int(part) for part in text.split(",") if part.strip()})
     if not counts or counts[0] < 1:
         raise argparse.ArgumentTypeError(f"expected positive counts like 2048,20480, got {text!r}")
+    return counts
+
+
+def step_counts(text: str) -> list[int]:
+    """Steps per point in the order given (not sorted: they pair with the sorted samples)."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 0:
+        raise argparse.ArgumentTypeError(f"expected step counts like 600,1200, got {text!r}")
     return counts
 
 

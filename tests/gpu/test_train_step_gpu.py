@@ -111,3 +111,44 @@ def test_full_training_step_compiled_flex_and_chunked_loss(tmp_path) -> None:
         assert math.isfinite(r.loss)
     assert counters["stats"]["unique_graphs"] == graphs, "a seen bucket compiled again"
     torch.cuda.synchronize()
+
+
+def test_a_step_in_two_parts_is_the_whole_batch_step_on_cuda(tmp_path) -> None:
+    """`data.micro_batches` on the compiled path: one sequence per part, gradients accumulated,
+    one optimizer step. Loss, gradient norm and weights equal the whole batch's step within
+    bf16 rounding (the CPU tests hold it, and the weights after the step, in float64)."""
+    from trainer.attention import flex_kernels
+    from trainer.config import LossConfig, ModelConfig, OptimConfig
+    from trainer.model import Drafter, shape_from_target
+    from trainer.pipeline import DrafterWorker, TargetWorker
+    from trainer.target import load_target
+
+    torch._dynamo.reset()
+    flex_kernels.cache_clear()
+    _target(tmp_path / "t")
+    device = torch.device("cuda")
+    target = load_target(tmp_path / "t", device=device, num_layers=3)
+    shape = shape_from_target(
+        target.config, ModelConfig(target="t", num_layers=2, block_size=16), num_features=3
+    )
+    features = TargetWorker(target).produce(_batch(500, 1))
+    results = []
+    for parts in (1, 2):
+        torch.manual_seed(0)
+        drafter = Drafter(shape, attention_backend="auto").to(device)
+        worker = DrafterWorker(
+            drafter,
+            embed_weight=target.embed_weight,
+            lm_head_weight=target.lm_head_weight,
+            optim=OptimConfig(lr=1e-3, warmup_steps=0),
+            loss=LossConfig(kl_weight=0.15, cap_weight=0.1),
+            total_steps=100,
+            noise=0.0,
+            micro_batches=parts,
+        )
+        results.append(worker.train_step(features, 0))
+    whole, split = results
+    assert split.loss == pytest.approx(whole.loss, rel=2e-3)
+    assert split.grad_norm == pytest.approx(whole.grad_norm, rel=2e-2)
+    assert split.slot_accuracy == pytest.approx(whole.slot_accuracy, abs=5e-3)
+    torch.cuda.synchronize()

@@ -164,7 +164,7 @@ def test_drafter_prompts_from_files_the_target_never_learnt(tmp_path: Path) -> N
     from bench.bench_eval import corpus, encode
 
     work, out = tmp_path / "work", tmp_path / "prepare.json"
-    split = ("--unseen-every", "2", "--drafter-prompts", "unseen-files")
+    split = ("--unseen-every", "2", "--drafter-prompts", "unseen-files", "--gen-temperatures", "0")
     run = bench("--work", str(work), "--out", str(out), "--prepare-only", *split)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "kept from the target" in run.stdout
@@ -181,7 +181,7 @@ def test_drafter_prompts_from_files_the_target_never_learnt(tmp_path: Path) -> N
     other = bench("--work", str(work), "--reuse-target", "--prepare-only", "--unseen-every", "3")
     assert other.returncode != 0 and "was trained with the corpus split" in other.stderr
     again = bench("--work", str(work), "--reuse-target", "--prepare-only", "--out", str(out),
-                  "--drafter-prompts", "target-files")  # fmt: skip
+                  "--drafter-prompts", "target-files", "--gen-temperatures", "0")  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]  # its saved split: the target's own files
     assert len(load_samples(work / "generated")) == 16
     prompts = [json.loads(line)["input_ids"] for line in (work / "generate-prompts.jsonl").open()]
@@ -195,6 +195,31 @@ def test_drafter_prompts_from_files_the_target_never_learnt(tmp_path: Path) -> N
         assert refused.returncode == 2 and message in refused.stderr
 
 
+def test_points_train_three_epochs_or_the_steps_given() -> None:
+    """Each point's steps: 3 passes over its samples and at least 600 by default (the same on
+    every GPU), one count for all, or one per point with the samples sorted; bad lists refused
+    before anything runs."""
+    from bench.bench_eval import parse_args, point_plan
+
+    default = parse_args([])
+    assert default.samples == [2048, 20480, 98304]
+    assert point_plan(default, 10**6) == {2048: 600, 20480: 600, 98304: 2304}
+    assert point_plan(default, 50_000) == {2048: 600, 20480: 600, 50_000: 1172}  # all there are
+    assert point_plan(default, 2000) == {2000: 600}  # every count past the data: one point
+    given = parse_args(["--samples", "20480,2048", "--drafter-steps", "100,900"])
+    assert point_plan(given, 10**6) == {2048: 100, 20480: 900}  # smallest point first
+    assert point_plan(parse_args(["--drafter-steps", "50"]), 10**6) == dict.fromkeys(
+        [2048, 20480, 98304], 50
+    )
+    assert point_plan(parse_args(["--drafter-steps", "0"]), 10**6) == dict.fromkeys(
+        [2048, 20480, 98304], 0
+    )  # from the time budget
+    for steps in ("100,200", "0,5,5", "x"):
+        with pytest.raises(SystemExit) as refused:
+            parse_args(["--drafter-steps", steps])
+        assert refused.value.code == 2
+
+
 COMPARE = REPO / "bench" / "compare_recipes.py"
 
 
@@ -203,7 +228,7 @@ def test_recipes_side_by_side_share_one_target_and_data(tmp_path: Path) -> None:
     work, out = tmp_path / "work", tmp_path / "out"
     run = subprocess.run(
         [sys.executable, str(COMPARE), "--work", str(work), "--out", str(out),
-         "--prepare", "--smoke --gen-temperatures 0,1",
+         "--prepare", "--smoke --gen-temperatures 0,1 --gen-sampled-prefix 0",
          "--recipe", "greedy: --smoke --drafter-steps 2 --train-data {work}/generated-unseen",
          "--recipe", "mixed: --smoke --drafter-steps 2 --kl-weight 0.5 "
                      "--train-data {work}/generated-unseen,{work}/generated-unseen-t1"],
