@@ -287,7 +287,10 @@ class BatchStream:
 
 
 def repeat_note(epoch: int, num_samples: int) -> str:
-    """The log line when the stream starts pass `epoch` (0-based) over the data."""
+    """The log line when the stream starts pass `epoch` (0-based) over the data: the advice
+    once, at the first repeat; a short line at every later pass."""
+    if epoch > 1:
+        return f"epoch {epoch + 1} begins ({num_samples:,} samples per epoch)"
     return (
         f"epoch {epoch + 1} begins: the drafter now sees repeated samples "
         f"({num_samples:,} samples per epoch; more data would help more than more epochs)"

@@ -101,3 +101,4 @@ def test_repeat_note_names_the_epoch() -> None:
     assert repeat_note(1, 1234).startswith(
         "epoch 2 begins: the drafter now sees repeated samples (1,234 samples per epoch"
     )
+    assert repeat_note(2, 1234) == "epoch 3 begins (1,234 samples per epoch)"  # advice once
