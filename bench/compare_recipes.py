@@ -1,9 +1,9 @@
 """Drafter recipes side by side on one target and one set of data, on one GPU or several.
 
     python bench/compare_recipes.py --work /tmp/recipes --out results/ \\
-        --prepare "--samples 49152 --gen-temperatures 0,0.8" \\
-        --recipe "layers6: --feature-layers 1,2,4,5,6 --train-data {work}/generated" \\
-        --recipe "mix: --feature-layers 1,2,4,5,6 --train-data {work}/generated,{work}/generated-t0.8"
+        --prepare "--samples 49152 --gen-temperatures 0,1" \\
+        --recipe "prefix: --train-data {work}/generated-unseen-t1-p16" \\
+        --recipe "mix: --train-data {work}/generated-unseen,{work}/generated-unseen-t1-p16"
 
 First `bench_eval.py --prepare-only` trains the target and generates the data into `--work`
 (its arguments from `--prepare`); then every recipe runs as its own `bench_eval.py
