@@ -25,8 +25,11 @@ GPU run, in order:
    target-files`: of its training files) with the saved target, once per `--gen-temperatures`
    entry (by default 16 tokens sampled at temperature 1, then the greedy answer: `--gen-sampled-
    prefix`; 0 is greedy from the start; several sets are interleaved), into token shards
-   supervised on the answers; or `--train-data`, data made with the same target;
-   `--prepare-only` stops here (`bench/compare_recipes.py` then trains several recipes on it);
+   supervised on the answers; or `--train-data`, data made with the same target; then plain
+   `transformers` `generate` against `trainer.decode` on the first `--gen-compare` prompts with
+   the same target and batch size (`generation` in the JSON, beside each `trainer.generate`
+   run's own rate); `--prepare-only` stops here (`bench/compare_recipes.py` then trains several
+   recipes on it);
 5. prompt lookup (n-gram drafting, n = `--lookup-max-n`…1) on the held-out prompts, once (the
    target is fixed), with the target in fp32 (so that the lossless check is not at the mercy of
    bf16 rounding between forwards of different lengths);
@@ -249,16 +252,18 @@ def write_prompts(path: Path, prompts: torch.Tensor) -> None:
 
 def training_samples(
     args: argparse.Namespace, stream: torch.Tensor | None, device: torch.device
-) -> Any:
-    """The drafter's training data (the one place to swap the source). `--train-data` (`stream`
-    None): files or folders `trainer.data.load_samples` reads, made with this benchmark's target
+) -> tuple[Any, list[dict[str, Any]]]:
+    """(the drafter's training data, one row per `trainer.generate` run: samples, answer tokens,
+    seconds, tokens/s) — the one place to swap the source. `--train-data` (`stream` None): files
+    or folders `trainer.data.load_samples` reads, made with this benchmark's target
     (`--reuse-target`); otherwise `trainer.generate` (the command users run) answers random
     windows of `stream` (the files of `--drafter-prompts`) with the saved target, once per
     `--gen-temperatures` entry (0: greedy), into token shards. Several sources are interleaved,
     so that the first N samples of every point hold each source in equal parts."""
     if stream is None:
         max_len = args.prompt_len + args.gen_len
-        return interleave([load_samples(path, max_len=max_len) for path in args.train_data])
+        given = [load_samples(path, max_len=max_len) for path in args.train_data]
+        return interleave(given), []
     work = Path(args.work)
     prompts = work / "generate-prompts.jsonl"
     prompts.write_text(
@@ -273,16 +278,19 @@ def training_samples(
         f"[data]\nmax_len = {args.prompt_len + args.gen_len}\n"
         f'[run]\ndevice = "{device.type}"\nthreads = {1 if args.smoke else 0}\n'
     )
-    return interleave(
-        [generated(args, config, prompts, temperature) for temperature in args.gen_temperatures]
-    )
+    runs = [generated(args, config, prompts, temperature) for temperature in args.gen_temperatures]
+    return interleave([samples for samples, _ in runs]), [row for _, row in runs]
 
 
-def generated(args: argparse.Namespace, config: Path, prompts: Path, temperature: float) -> Any:
+def generated(
+    args: argparse.Namespace, config: Path, prompts: Path, temperature: float
+) -> tuple[Any, dict[str, Any]]:
     """The target's answers to `prompts` at `temperature` (0: greedy; with
     `--gen-sampled-prefix N`, only N tokens sampled, then the greedy answer), made by
-    `trainer.generate` into `--work/<generated_name>`."""
+    `trainer.generate` into `--work/<generated_name>`, and the run's rate (the whole command:
+    model load and start-up included)."""
     from trainer.generate import main as generate
+    from trainer.shards import MANIFEST
 
     name = generated_name(temperature, args.gen_sampled_prefix, args.drafter_prompts)
     out = Path(args.work) / name
@@ -290,6 +298,7 @@ def generated(args: argparse.Namespace, config: Path, prompts: Path, temperature
     sampling = ["--temperature", str(temperature), "--seed", "1"] if temperature else []
     if temperature and args.gen_sampled_prefix:
         sampling += ["--sampled-prefix", str(args.gen_sampled_prefix)]
+    t0 = time.perf_counter()
     code = generate(
         [
             "--config", str(config), "--prompts", str(prompts), "--out", str(out),
@@ -299,7 +308,55 @@ def generated(args: argparse.Namespace, config: Path, prompts: Path, temperature
     )  # fmt: skip
     if code != 0:
         raise SystemExit(f"trainer.generate failed with exit code {code}")
-    return load_samples(out)
+    seconds = time.perf_counter() - t0
+    counts = json.loads((out / MANIFEST).read_text())["counts"]
+    row = {"data": name, "samples": counts["samples"], "answer_tokens": counts["answer_tokens"]}
+    row |= {"seconds": seconds, "tokens_per_s": counts["answer_tokens"] / seconds}
+    return load_samples(out), row
+
+
+def generation_speed(
+    args: argparse.Namespace, work: Path, device: torch.device, tokenizer: Any
+) -> dict[str, Any] | None:
+    """Plain `transformers` `generate` against `trainer.decode` (what `trainer.generate` runs)
+    on this run's target as `trainer.generate` loads it (bf16 on a GPU), the first
+    `--gen-compare` of its prompts, greedy, `--gen-len` new tokens, batches of `--gen-batch`
+    (the first batch of each side a warm-up), in the run that makes the data. None when no data
+    were generated here or `--gen-compare 0`."""
+    if not args.gen_compare or not (work / "generate-prompts.jsonl").is_file():
+        return None
+    from bench.bench_generate import decode_hf, decode_ours, run_timed
+    from trainer.decode import end_tokens, length_batches
+
+    with (work / "generate-prompts.jsonl").open() as lines:
+        prompts = [json.loads(line)["input_ids"] for line, _ in zip(lines, range(args.gen_compare))]
+    model = load_target(work / "target", device=device).model
+    (eos,) = end_tokens(model, tokenizer)  # the benchmark's target has one end token
+    batches = length_batches([len(p) for p in prompts], args.gen_batch)
+    if len(batches) < 2:
+        log(f"generation speed not compared: {len(prompts)} prompts make one batch, the warm-up")
+        return None
+    timed = [i for b in batches[1:] for i in b]
+    settings = argparse.Namespace(max_new_tokens=args.gen_len)
+    rows, answers = [], []
+    for name, decode in (("transformers generate", decode_hf), ("trainer.decode", decode_ours)):
+        got, seconds = run_timed(decode, model, prompts, batches, settings, eos, device)
+        tokens = sum(len(got[i]) for i in timed)
+        answers.append(got)
+        rows.append({"engine": name, "answer_tokens": tokens, "seconds": seconds,
+                     "tokens_per_s": tokens / seconds if seconds else None})  # fmt: skip
+    del model
+    hf, ours = (row["tokens_per_s"] for row in rows)
+    same = sum(answers[0][i] == answers[1][i] for i in timed) / max(1, len(timed))
+    log(
+        f"generation, batch {args.gen_batch}: transformers generate {hf or 0:,.0f} tok/s, "
+        f"trainer.decode {ours or 0:,.0f} tok/s, {100 * same:.0f} % identical answers"
+    )
+    return {
+        "prompts": len(prompts), "timed_prompts": len(timed), "batch_size": args.gen_batch,
+        "max_new_tokens": args.gen_len, "rows": rows, "identical_answers": same,
+        "speedup_vs_generate": ours / hf if hf and ours else None,
+    }  # fmt: skip
 
 
 def generated_name(temperature: float, sampled_prefix: int, prompts: str = "target-files") -> str:
@@ -645,16 +702,23 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
     timings = {"target_s": time.perf_counter() - t0}
 
     t0 = time.perf_counter()
-    samples = training_samples(args, prompt_stream, device)
+    samples, generate_runs = training_samples(args, prompt_stream, device)
     eval_prompts = windows(held_stream, args.eval_prompts, args.prompt_len, seed=3)
     write_prompts(work / "prompts.jsonl", eval_prompts)
     timings["data_s"] = time.perf_counter() - t0
     log(f"training data: {len(samples):,} samples")
+    generation = None
+    if generate_runs:
+        t0 = time.perf_counter()
+        speed = generation_speed(args, work, device, tokenizer)
+        generation = {"trainer_generate": generate_runs, "engines": speed}
+        timings["generation_compare_s"] = time.perf_counter() - t0
     if args.prepare_only:
         return {
             "mode": "prepare",
             "target": target_info,
             "samples": len(samples),
+            "generation": generation,
             "timings_s": timings,
         }
 
@@ -678,6 +742,7 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
         + ", ".join(f"{t:g}" for t in args.gen_temperatures)
         + (f" (sampled prefix {args.gen_sampled_prefix})" if args.gen_sampled_prefix else ""),
         "recipe": recipe(args),
+        "generation": generation,
         "baselines": {"prompt_lookup": held["prompt_lookup"]},
         "points": [],
         "drafter_step_s": step_s,
@@ -835,6 +900,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--gen-len", type=int, default=192)
     p.add_argument("--gen-batch", type=int, default=2048)
+    p.add_argument(
+        "--gen-compare",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="time plain transformers generate against trainer.decode on the first N prompts, "
+        "batches of --gen-batch, the first a warm-up (0: skip)",
+    )
     p.add_argument("--drafter-layers", type=int, default=4)
     p.add_argument("--block-size", type=int, default=8)
     p.add_argument("--drafter-batch", type=int, default=128)
@@ -901,7 +974,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             samples=[8, 16],
             prompt_len=8,
             gen_len=24,
-            gen_batch=16,
+            gen_batch=8,
+            gen_compare=16,
             drafter_layers=1,
             block_size=4,
             drafter_batch=4,

@@ -74,6 +74,20 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
     assert trained == [s.input_ids for i in range(4) for s in (greedy[i], sampled[i])]
     assert any(greedy[i].input_ids != sampled[i].input_ids for i in range(16))
     assert [p["samples"] for p in result["points"]] == [8, 16]
+    # each trainer.generate run's rate, then plain generate against trainer.decode, same run
+    runs = result["generation"]["trainer_generate"]
+    assert [r["data"] for r in runs] == ["generated-unseen", "generated-unseen-t1-p2"]
+    for run_row, made in zip(runs, (greedy, sampled), strict=True):
+        assert run_row["samples"] == len(made)
+        assert run_row["answer_tokens"] == sum(sum(s.loss_mask) for s in made)
+        assert run_row["tokens_per_s"] == run_row["answer_tokens"] / run_row["seconds"]
+    engines = result["generation"]["engines"]
+    assert engines["prompts"] == 16 and engines["timed_prompts"] == 8  # the first batch warms up
+    assert [r["engine"] for r in engines["rows"]] == ["transformers generate", "trainer.decode"]
+    hf, ours = (r["tokens_per_s"] for r in engines["rows"])
+    assert all(0 < r["answer_tokens"] <= 8 * 24 for r in engines["rows"])
+    assert engines["speedup_vs_generate"] == ours / hf
+    assert engines["identical_answers"] == 1.0  # fp32 on the CPU: the same greedy answers
     # every point trains the steps that fit the time budget at the measured step time
     steps = max(1, int(0.3 / result["drafter_step_s"]))
     for point in result["points"]:
@@ -98,6 +112,7 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
     reused = json.loads(out.read_text())
     assert reused["training_data"] == sources.replace(",", ", ")
     assert reused["target"] == {"reused": str(work / "target")}
+    assert reused["generation"] is None  # no data made here
     assert reused["recipe"]["feature_layers"] == [0] and reused["recipe"]["kl_weight"] == 0.5
     assert reused["recipe"]["overrides"] == ["loss.gamma=2", "model.init_layers=[1]"]
     # the reused target's own split; the given data's prompts are not known here
