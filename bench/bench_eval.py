@@ -55,6 +55,7 @@ own training samples.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import shutil
@@ -329,7 +330,8 @@ def generation_speed(
     from trainer.decode import end_tokens, length_batches
 
     with (work / "generate-prompts.jsonl").open() as lines:
-        prompts = [json.loads(line)["input_ids"] for line, _ in zip(lines, range(args.gen_compare))]
+        first = itertools.islice(lines, args.gen_compare)
+        prompts = [json.loads(line)["input_ids"] for line in first]
     model = load_target(work / "target", device=device).model
     (eos,) = end_tokens(model, tokenizer)  # the benchmark's target has one end token
     batches = length_batches([len(p) for p in prompts], args.gen_batch)
