@@ -1061,8 +1061,11 @@ def main(argv: list[str] | None = None) -> int:
     result = demo_cpu(args) if args.demo_cpu else gpu_run(args)
     result["total_s"] = time.perf_counter() - start
     result["complete"] = True
+    import transformers
+
     result["environment"] = {
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "python": sys.version.split()[0],
     }

@@ -89,6 +89,12 @@ def write(out: str | None, payload: dict[str, Any]) -> None:
 
 def environment(device: torch.device) -> dict[str, Any]:
     env: dict[str, Any] = {"torch": torch.__version__, "device": str(device)}
+    try:  # its attention paths (masks, grouped heads) decide decoding speed
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    except ImportError:
+        env["transformers"] = None
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
         try:
