@@ -326,7 +326,7 @@ def generation_speed(
     were generated here or `--gen-compare 0`."""
     if not args.gen_compare or not (work / "generate-prompts.jsonl").is_file():
         return None
-    from bench.bench_generate import decode_hf, decode_ours, run_timed
+    from bench.bench_generate import compare_engines
     from trainer.decode import end_tokens, length_batches
 
     with (work / "generate-prompts.jsonl").open() as lines:
@@ -338,25 +338,18 @@ def generation_speed(
     if len(batches) < 2:
         log(f"generation speed not compared: {len(prompts)} prompts make one batch, the warm-up")
         return None
-    timed = [i for b in batches[1:] for i in b]
     settings = argparse.Namespace(max_new_tokens=args.gen_len)
-    rows, answers = [], []
-    for name, decode in (("transformers generate", decode_hf), ("trainer.decode", decode_ours)):
-        got, seconds = run_timed(decode, model, prompts, batches, settings, eos, device)
-        tokens = sum(len(got[i]) for i in timed)
-        answers.append(got)
-        rows.append({"engine": name, "answer_tokens": tokens, "seconds": seconds,
-                     "tokens_per_s": tokens / seconds if seconds else None})  # fmt: skip
+    rows, same, _ = compare_engines(model, prompts, batches, settings, eos, device)
     del model
     hf, ours = (row["tokens_per_s"] for row in rows)
-    same = sum(answers[0][i] == answers[1][i] for i in timed) / max(1, len(timed))
     log(
         f"generation, batch {args.gen_batch}: transformers generate {hf or 0:,.0f} tok/s, "
         f"trainer.decode {ours or 0:,.0f} tok/s, {100 * same:.0f} % identical answers"
     )
     return {
-        "prompts": len(prompts), "timed_prompts": len(timed), "batch_size": args.gen_batch,
-        "max_new_tokens": args.gen_len, "rows": rows, "identical_answers": same,
+        "prompts": len(prompts), "timed_prompts": len(prompts) - len(batches[0]),
+        "batch_size": args.gen_batch, "max_new_tokens": args.gen_len, "rows": rows,
+        "identical_answers": same,
         "speedup_vs_generate": ours / hf if hf and ours else None,
     }  # fmt: skip
 

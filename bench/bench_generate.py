@@ -233,6 +233,25 @@ def decode_rate(ranks: list[tuple[int, float]]) -> float | None:
     return sum(n for n, _ in ranks) / max(n / rate for n, rate in ranks)
 
 
+def compare_engines(  # type: ignore[no-untyped-def]
+    model, prompts: list[list[int]], batches: list[list[int]], args, eos: int, device
+) -> tuple[list[dict[str, Any]], float, list[list[int]]]:
+    """(a row per engine: answer tokens, seconds, tokens/s; the share of identical answers;
+    `trainer.decode`'s answers): plain `generate`, then `trainer.decode`, on the same batches,
+    the first batch of each an untimed warm-up."""
+    timed = [i for b in batches[1:] for i in b]
+    rows: list[dict[str, Any]] = []
+    answers = []
+    for name, decode in (("transformers generate", decode_hf), ("trainer.decode", decode_ours)):
+        got, seconds = run_timed(decode, model, prompts, batches, args, eos, device)
+        tokens = sum(len(got[i]) for i in timed)
+        answers.append(got)
+        rows.append({"engine": name, "answer_tokens": tokens, "seconds": seconds,
+                     "tokens_per_s": tokens / seconds if seconds else None})  # fmt: skip
+    same = sum(answers[0][i] == answers[1][i] for i in timed) / max(len(timed), 1)
+    return rows, same, answers[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
@@ -243,24 +262,15 @@ def main(argv: list[str] | None = None) -> int:
     prompts = everything[: args.prompts]
     eos = pick_eos(model, prompts, args)
     batches = length_batches([len(p) for p in prompts], args.batch_size)
-    timed = [i for b in batches[1:] for i in b]  # the first batch of each side warms up
-    rows: list[dict[str, Any]] = []
-    answers = {}
-    for name, decode in (("transformers generate", decode_hf), ("trainer.decode", decode_ours)):
-        got, seconds = run_timed(decode, model, prompts, batches, args, eos, device)
-        tokens = sum(len(got[i]) for i in timed)
-        answers[name] = got
-        rows.append({"engine": name, "answer_tokens": tokens, "seconds": seconds,
-                     "tokens_per_s": tokens / seconds if seconds else None})  # fmt: skip
-    same = sum(answers["trainer.decode"][i] == answers["transformers generate"][i] for i in timed)
+    rows, same, ours = compare_engines(model, prompts, batches, args, eos, device)
     hf_tps, our_tps = rows[0]["tokens_per_s"], rows[1]["tokens_per_s"]
     summary = {
         "speedup_vs_generate": our_tps / hf_tps if hf_tps and our_tps else None,
-        "identical_answers": same / max(len(timed), 1),
+        "identical_answers": same,
         "eos_token": eos,
-        "ended_early": sum(len(a) < args.max_new_tokens for a in answers["trainer.decode"]),
+        "ended_early": sum(len(a) < args.max_new_tokens for a in ours),
         # what trainer.generate keeps (answers of ≥ 2 tokens), the warm-up batch included
-        "answer_tokens_kept": sum(len(a) for a in answers["trainer.decode"] if len(a) >= 2),
+        "answer_tokens_kept": sum(len(a) for a in ours if len(a) >= 2),
     }
     print(f"generation, {args.shape}, batch {args.batch_size}, {args.prompts} prompts "
           f"of {args.min_len}–{args.max_len} tokens, {args.max_new_tokens} new tokens")  # fmt: skip
