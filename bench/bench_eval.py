@@ -33,10 +33,10 @@ GPU run, in order:
 5. prompt lookup (n-gram drafting, n = `--lookup-max-n`…1) on the held-out prompts, once (the
    target is fixed), with the target in fp32 (so that the lossless check is not at the mercy of
    bf16 rounding between forwards of different lengths);
-6. each point's steps: `--drafter-steps`, one count per point (600, 1,200 and 2,400 for the
-   default 2,048, 20,480 and 98,304 samples: about 3 epochs where the data allow), the same on
-   every GPU; with `--drafter-steps 0`, as many as fit `--drafter-seconds`, from the step time
-   of a short run of the same drafter;
+6. each point's steps: by default 3 epochs of its samples and at least 600 (600, 600 and 2,304
+   for the default 2,048, 20,480 and 98,304 samples), the same on every GPU; `--drafter-steps`
+   gives one count for all points or one per point; with `--drafter-steps 0`, as many as fit
+   `--drafter-seconds`, from the step time of a short run of the same drafter;
 7. for each data size of `--samples` (a "point"): a drafter trained for those steps on
    the first N samples with the project's trainer (`trainer.trainer`, its τ probe logging held-out
    and training-prompt τ), then `trainer.evaluate` on the held-out prompts and on prompts of
