@@ -52,13 +52,29 @@ def _batch(length: int, seed: int, *, num_anchors: int = 64, block_size: int = 1
     )
 
 
+def _worker(drafter, target, **settings):  # type: ignore[no-untyped-def]
+    """The drafter's training worker as both tests run it (lr 1e-3, no warmup, KL and cap on)."""
+    from trainer.config import LossConfig, OptimConfig
+    from trainer.pipeline import DrafterWorker
+
+    return DrafterWorker(
+        drafter,
+        embed_weight=target.embed_weight,
+        lm_head_weight=target.lm_head_weight,
+        optim=OptimConfig(lr=1e-3, warmup_steps=0),
+        loss=LossConfig(kl_weight=0.15, cap_weight=0.1),
+        total_steps=100,
+        **settings,
+    )
+
+
 def test_full_training_step_compiled_flex_and_chunked_loss(tmp_path) -> None:
     from torch._dynamo.utils import counters
 
     from trainer.attention import flex_kernels
-    from trainer.config import LossConfig, ModelConfig, OptimConfig
+    from trainer.config import ModelConfig
     from trainer.model import Drafter, shape_from_target
-    from trainer.pipeline import DrafterWorker, TargetWorker
+    from trainer.pipeline import TargetWorker
     from trainer.target import load_target
 
     # Dynamo's recompile limit counts per code object across the whole process, so entries
@@ -77,16 +93,7 @@ def test_full_training_step_compiled_flex_and_chunked_loss(tmp_path) -> None:
     )
     shape = shape_from_target(target.config, model_cfg, num_features=3)
     drafter = Drafter(shape, attention_backend="auto").to(device)
-    worker = DrafterWorker(
-        drafter,
-        embed_weight=target.embed_weight,
-        lm_head_weight=target.lm_head_weight,
-        optim=OptimConfig(lr=1e-3, warmup_steps=0),
-        loss=LossConfig(kl_weight=0.15, cap_weight=0.1),
-        total_steps=100,
-        noise=0.05,
-        loss_chunk_rows=128,  # several loss chunks per step
-    )
+    worker = _worker(drafter, target, noise=0.05, loss_chunk_rows=128)  # several loss chunks
     producer = TargetWorker(target)
     assert flex_kernels().compiled
 
@@ -115,12 +122,12 @@ def test_full_training_step_compiled_flex_and_chunked_loss(tmp_path) -> None:
 
 def test_a_step_in_two_parts_is_the_whole_batch_step_on_cuda(tmp_path) -> None:
     """`data.micro_batches` on the compiled path: one sequence per part, gradients accumulated,
-    one optimizer step. Loss, gradient norm and weights equal the whole batch's step within
-    bf16 rounding (the CPU tests hold it, and the weights after the step, in float64)."""
+    one optimizer step. Loss, gradient norm and slot accuracy equal the whole batch's step
+    within bf16 rounding (the CPU tests hold it, and the weights after the step, in float64)."""
     from trainer.attention import flex_kernels
-    from trainer.config import LossConfig, ModelConfig, OptimConfig
+    from trainer.config import ModelConfig
     from trainer.model import Drafter, shape_from_target
-    from trainer.pipeline import DrafterWorker, TargetWorker
+    from trainer.pipeline import TargetWorker
     from trainer.target import load_target
 
     torch._dynamo.reset()
@@ -136,16 +143,7 @@ def test_a_step_in_two_parts_is_the_whole_batch_step_on_cuda(tmp_path) -> None:
     for parts in (1, 2):
         torch.manual_seed(0)
         drafter = Drafter(shape, attention_backend="auto").to(device)
-        worker = DrafterWorker(
-            drafter,
-            embed_weight=target.embed_weight,
-            lm_head_weight=target.lm_head_weight,
-            optim=OptimConfig(lr=1e-3, warmup_steps=0),
-            loss=LossConfig(kl_weight=0.15, cap_weight=0.1),
-            total_steps=100,
-            noise=0.0,
-            micro_batches=parts,
-        )
+        worker = _worker(drafter, target, noise=0.0, micro_batches=parts)
         results.append(worker.train_step(features, 0))
     whole, split = results
     assert split.loss == pytest.approx(whole.loss, rel=2e-3)
