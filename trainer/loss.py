@@ -93,12 +93,16 @@ def _supervised_weights(labels: Tensor, gamma: float, compute: torch.dtype) -> T
     return torch.exp(-(slot.to(compute) - 1) / gamma).expand(n_blocks, b) * supervised
 
 
+def _cap_blocks(labels: Tensor) -> int:
+    """C: the blocks of `labels` (N, B) whose slot 1 is supervised."""
+    return int((labels[:, 1] != IGNORE_INDEX).sum()) if labels.shape[1] > 1 else 0
+
+
 def loss_norms(labels: Tensor, gamma: float, dtype: torch.dtype = torch.float32) -> LossNorms:
     """W and C of `labels` (N, B), for inputs of `dtype` (`compute_dtype`): what the loss of each
     part of a batch divides by, so that the parts add up to the whole."""
     w = _supervised_weights(labels, gamma, compute_dtype(dtype))
-    capped = int((labels[:, 1] != IGNORE_INDEX).sum()) if labels.shape[1] > 1 else 0
-    return LossNorms(weight_total=w.sum(), cap_blocks=capped)
+    return LossNorms(weight_total=w.sum(), cap_blocks=_cap_blocks(labels))
 
 
 def default_chunk_rows(vocab_size: int, block_size: int, *, bytes_per_logit: int) -> int:
@@ -262,8 +266,7 @@ def _plan(
     chunk_blocks = max(1, chunk_rows // b)
     per_chunk = torch.nn.functional.pad(supervised.sum(1), (0, -n_blocks % chunk_blocks))
     per_chunk = per_chunk.view(-1, chunk_blocks).sum(1).cumsum(0)
-    capped = int(supervised[:, 1].sum()) if b > 1 else 0
-    capped = capped if norms is None else norms.cap_blocks
+    capped = _cap_blocks(labels) if norms is None else norms.cap_blocks
     return _Plan(
         rows=rows,
         labels=labels.reshape(-1)[rows],
