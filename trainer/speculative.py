@@ -360,7 +360,7 @@ def evaluate(
                 else [expected[i] for i in batch]
             )
             for i, res, w in zip(batch, decoded, want, strict=True):
-                _check_lossless(target, i, prompts[i], res.tokens, max_new_tokens, eos, want=w)
+                _check_lossless(target, i, prompts[i], res.tokens, w)
         for prompt, res in zip(chunk, decoded, strict=True):
             if every is not None:  # the output is the target's greedy one (checked or not)
                 every.add(prompt, res.tokens)
@@ -416,13 +416,10 @@ def _check_lossless(
     index: int,
     prompt: Sequence[int],
     got: list[int],
-    max_new_tokens: int,
-    eos: Sequence[int] | None,
-    *,
-    want: list[int] | None = None,
+    want: list[int],
 ) -> None:
-    if want is None:
-        want = greedy_decode(target, prompt, max_new_tokens, eos=eos)
+    """`LosslessViolation` at the first token where `got` differs from the target's greedy
+    output `want`."""
     if got == want:
         return
     pos = next(

@@ -130,7 +130,7 @@ def test_lossless_violation_names_prompt_and_position(target) -> None:
     want = greedy_decode(target, prompt, 8, eos=[])
     bad = [*want[:5], (want[5] + 1) % 256, *want[6:]]
     with pytest.raises(LosslessViolation) as err:
-        _check_lossless(target, 3, prompt, bad, 8, [])
+        _check_lossless(target, 3, prompt, bad, want)
     assert err.value.prompt == 3 and err.value.position == 5
     assert err.value.expected == want[5] and "prompt 3: new token 5" in str(err.value)
 
