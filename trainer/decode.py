@@ -19,8 +19,11 @@ Two engines run these steps (`engine=`):
   (rows, columns) table in which each step opens one column, every row computed to the end (a
   finished row's tokens after its end token are cut off): every step has the same shapes and the
   same buffers, so on CUDA the step is recorded once as a CUDA graph and replayed — a small or
-  medium target decodes at the GPU's speed instead of Python's. It needs full attention (no
-  sliding window) in `sdpa` or `eager`; `auto` picks it on CUDA where it applies.
+  medium target decodes at the GPU's speed instead of Python's. With `sdpa` attention a step
+  attends through `trainer.decode_attention`: each key/value head read once for the query heads
+  sharing it, and only the columns written so far (a mask cut at the next multiple of
+  `COLUMN_BLOCK`, one graph per width). It needs full attention (no sliding window) in `sdpa`
+  or `eager`; `auto` picks it on CUDA where it applies.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from trainer.decode_attention import COLUMN_BLOCK, grouped_decoding
 
 log = logging.getLogger("trainer.decode")
 
@@ -79,7 +84,7 @@ def pick(
 
 ENGINES = ("auto", "static", "dynamic")
 CHECK_DONE_EVERY = 8  # static engine: steps between looks at "has every row ended?" (a sync)
-EAGER_STEPS = 2  # static engine on CUDA: steps run before the step is recorded as a graph
+EAGER_STEPS = 2  # static engine on CUDA: steps of a mask width run before it is recorded
 
 
 def decode_batch(
@@ -133,7 +138,6 @@ def static_unsupported(model: nn.Module) -> str | None:
     return None
 
 
-@torch.no_grad()
 def _decode_static(
     model: nn.Module,
     prompts: Sequence[Sequence[int]],
@@ -144,19 +148,42 @@ def _decode_static(
     sampling: Sampling,
     generator: torch.Generator | None,
 ) -> list[list[int]]:
+    as_mask = _mask_format(model)
+    with grouped_decoding(model) as grouped:
+        return _decode_static_steps(
+            model, prompts, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
+            sampling=sampling, generator=generator, as_mask=as_mask, cut_masks=grouped,
+        )  # fmt: skip
+
+
+@torch.no_grad()
+def _decode_static_steps(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_ids: Collection[int],
+    pad_id: int,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+    as_mask: Callable[[torch.Tensor], torch.Tensor],
+    cut_masks: bool,
+) -> list[list[int]]:
+    """The static engine's steps. `cut_masks`: a step's mask ends at the first multiple of
+    `COLUMN_BLOCK` past its column (the attention reads no further), else at the cache's end."""
     from transformers import StaticCache
 
     device = next(model.parameters()).device
     ids, attn, pos = _left_padded(prompts, pad_id, device)
     b, width = ids.shape
-    columns = width + max_new_tokens
+    block = COLUMN_BLOCK if cut_masks else 1
+    columns = -(-(width + max_new_tokens) // block) * block  # rounded up to whole blocks
     config: Any = model.config
     cache = StaticCache(config=config, max_cache_len=columns)
     kv = {_cache_kwarg(model): cache}
     # (b, columns): which cached columns a row may attend to; each decode step opens one more
     open_ = torch.zeros((b, columns), dtype=torch.bool, device=device)
     open_[:, :width] = attn.bool()
-    as_mask = _mask_format(model)
     causal = torch.ones((width, columns), dtype=torch.bool, device=device).tril()
     prefill_mask = open_[:, None, None, :] & causal  # (b, 1, width, columns)
     # a padding position sees itself: no row of the table is empty (an empty row's softmax is
@@ -170,11 +197,12 @@ def _decode_static(
     step_pos = pos[:, -1:] + 1  # (b, 1)
     column = torch.full((1,), width, dtype=torch.long, device=device)  # the next free column
 
-    def step() -> torch.Tensor:
-        """One token per row at `column`; the same buffers every call (a graph can replay it)."""
+    def step(end: int) -> torch.Tensor:
+        """One token per row at `column`, attending to columns < `end`; the same buffers every
+        call (a graph can replay it)."""
         open_.index_fill_(1, column, True)
         logits = model(
-            input_ids=step_ids, attention_mask=as_mask(open_[:, None, None, :]),
+            input_ids=step_ids, attention_mask=as_mask(open_[:, None, None, :end]),
             position_ids=step_pos, use_cache=True, **kv,
         ).logits[:, -1]  # fmt: skip
         step_pos.add_(1)
@@ -193,38 +221,43 @@ def _decode_static(
         if i + 1 == max_new_tokens or (i % CHECK_DONE_EVERY == 0 and bool(done.all())):
             break
         step_ids.copy_(tok[:, None])
-        logits = run_step()
+        end = min(columns, (width + i) // block * block + block)  # past the column it writes
+        logits = run_step(end if cut_masks else columns)
     return [_answer(row, eos_ids) for row in tokens.tolist()]
 
 
 class _Replay:
-    """Calls `step`: eagerly for the first `EAGER_STEPS` calls (on CUDA on a side stream, which
-    also warms the libraries a capture needs), then records it once as a CUDA graph and replays
-    it. On the CPU every call is eager."""
+    """Calls `step(end)`: per `end`, eagerly for its first `EAGER_STEPS` calls (on CUDA on a
+    side stream, which also warms what a capture needs, such as a kernel plan for the new
+    shape), then recorded once as a CUDA graph and replayed. The graphs share one memory pool:
+    they never run at once. On the CPU every call is eager."""
 
-    def __init__(self, step: Callable[[], torch.Tensor], device: torch.device) -> None:
-        self.step, self.device, self.calls = step, device, 0
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.output: torch.Tensor | None = None
+    def __init__(self, step: Callable[[int], torch.Tensor], device: torch.device) -> None:
+        self.step, self.device = step, device
+        self.calls: dict[int, int] = {}
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool: Any = None
 
-    def __call__(self) -> torch.Tensor:
-        self.calls += 1
+    def __call__(self, end: int) -> torch.Tensor:
+        self.calls[end] = self.calls.get(end, 0) + 1
         if self.device.type != "cuda":
-            return self.step()
-        if self.graph is None and self.calls <= EAGER_STEPS:
+            return self.step(end)
+        if self.calls[end] <= EAGER_STEPS:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
-                logits = self.step()
+                logits = self.step(end)
             torch.cuda.current_stream(self.device).wait_stream(side)
             return logits
-        if self.graph is None:
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):  # recorded, not run: replayed below
-                self.output = self.step()
-        self.graph.replay()
-        assert self.output is not None
-        return self.output
+        if end not in self.graphs:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):  # recorded, not run: replayed below
+                output = self.step(end)
+            self.pool = graph.pool() if self.pool is None else self.pool
+            self.graphs[end] = (graph, output)
+        graph, output = self.graphs[end]
+        graph.replay()
+        return output
 
 
 def _mask_format(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:

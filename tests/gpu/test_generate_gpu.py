@@ -1,5 +1,6 @@
 """On a GPU: batched KV-cached decoding of a float32 target equals plain greedy decoding with
-both engines (the static one replaying its step as a CUDA graph, rows ending early included),
+both engines (the static one replaying its step as a CUDA graph per mask width, through the
+grouped step attention, rows ending early included),
 and `trainer.generate` writes complete shards on CUDA (bf16)."""
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ def test_cuda_decoding_equals_plain_greedy(tmp_path: Path, engine: str) -> None:
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).cuda().eval()
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (int(n),), generator=gen).tolist() for n in (3, 9, 5, 12)]
-    free = [greedy(model, p, 24, set()) for p in prompts]
-    eos = {free[1][10]}  # row 1 (at least) ends early, after the graph took over
-    got = decode_batch(model, prompts, max_new_tokens=24, eos_ids=eos, pad_id=256, engine=engine)
-    assert got == [greedy(model, p, 24, eos) for p in prompts]
+    free = [greedy(model, p, 80, set()) for p in prompts]
+    eos = {free[1][70]}  # row 1 (at least) ends by step 70, in the second mask width
+    got = decode_batch(model, prompts, max_new_tokens=80, eos_ids=eos, pad_id=256, engine=engine)
+    assert got == [greedy(model, p, 80, eos) for p in prompts]
 
 
 def test_generate_on_cuda_writes_shards(tmp_path: Path) -> None:

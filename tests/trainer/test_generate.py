@@ -1,5 +1,6 @@
 """Target-generated data on a tiny random target: batched KV-cached decoding equals plain greedy
-decoding token for token (rows finishing early included), the CLI writes shards whose supervised
+decoding token for token (rows finishing early included; the static engine through its grouped
+step attention, across mask widths), the CLI writes shards whose supervised
 span is exactly the answer, names bad prompt lines (file:line), drops duplicates, refuses a
 changed resume, resumes after a kill without losing or rewriting a finished shard, and the
 trainer trains from the shards and says when it starts repeating them."""
@@ -19,6 +20,7 @@ import torch
 
 from trainer.config import DemoConfig, load_config
 from trainer.decode import Sampling, decode_batch, length_batches
+from trainer.decode_attention import COLUMN_BLOCK, NAME, grouped_decoding
 from trainer.demo import ensure_demo_assets
 from trainer.generate import main
 from trainer.shards import MANIFEST, ShardSamples, finished_shards
@@ -87,6 +89,42 @@ def test_batched_cached_decoding_equals_plain_greedy(
         input_ids=torch.tensor([prompts[0]]), max_new_tokens=12, do_sample=False, pad_token_id=256
     )
     assert got[0] == hf[0, len(prompts[0]) :].tolist()[: len(got[0])]
+
+
+def test_the_static_engine_decodes_across_mask_widths_as_plain_greedy(
+    model: torch.nn.Module,
+) -> None:
+    """Prompts of 3…11 tokens and 70 new ones: steps attend through masks 64 and then 128
+    columns wide, the rows left-padded differently."""
+    seen: set[str] = set()
+    hook = model.register_forward_pre_hook(lambda m, _: seen.add(m.config._attn_implementation))
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (3, 11, 7)]
+    try:
+        got = decode_batch(
+            model, prompts, max_new_tokens=70, eos_ids=(), pad_id=256, engine="static"
+        )
+    finally:
+        hook.remove()
+    assert COLUMN_BLOCK < 11 + 70  # the masks widen once
+    assert got == [reference(model, p, 70, set()) for p in prompts]
+    assert seen == {NAME}  # every forward of the decoding attended through the grouped path
+    assert model.config._attn_implementation == "sdpa"  # and the model is as it was
+
+
+def test_grouped_decoding_leaves_other_attention_alone_and_restores_on_error(
+    model: torch.nn.Module,
+) -> None:
+    with pytest.raises(KeyError), grouped_decoding(model) as grouped:
+        assert grouped and model.config._attn_implementation == NAME
+        raise KeyError("a failure inside the decoding")
+    assert model.config._attn_implementation == "sdpa"
+    model.config._attn_implementation = "eager"
+    try:
+        with grouped_decoding(model) as grouped:
+            assert not grouped and model.config._attn_implementation == "eager"
+    finally:
+        model.config._attn_implementation = "sdpa"
 
 
 @pytest.mark.parametrize("engine", ["dynamic", "static"])
