@@ -14,7 +14,8 @@ the padding of step 1 small.
 
 Two engines run these steps (`engine=`):
 - `dynamic` — a `DynamicCache` that grows by one column per step, finished rows dropped: what
-  the steps above describe; any model `transformers` can decode runs on it;
+  the steps above describe; any model `transformers` can decode runs on it (its attention on
+  the backends that need no plan per shape: every step is a new shape);
 - `static` — a `StaticCache` of `prompt + max_new_tokens` columns, the attention mask kept as a
   (rows, columns) table in which each step opens one column, every row computed to the end (a
   finished row's tokens after its end token are cut off): every step has the same shapes and the
@@ -36,6 +37,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trainer.decode_attention import COLUMN_BLOCK, grouped_decoding
 
@@ -290,8 +292,33 @@ def _left_padded(
     return ids, attn, (attn.cumsum(-1) - 1).clamp(min=0)
 
 
-@torch.no_grad()
+# every attention backend of `scaled_dot_product_attention` but cuDNN's, which builds an
+# execution plan per new shape: tens of milliseconds of CPU on each step of a growing cache
+NO_PLAN_PER_SHAPE = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
 def _decode_dynamic(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_ids: Collection[int],
+    pad_id: int,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+) -> list[list[int]]:
+    """The dynamic engine: each step's keys are one column longer, a shape never seen before,
+    so attention runs on the backends that need no per-shape plan (`NO_PLAN_PER_SHAPE`; on an
+    H200, 55 → 12 ms a step for the evaluation benchmark's target)."""
+    with sdpa_kernel(list(NO_PLAN_PER_SHAPE)):
+        return _decode_dynamic_steps(
+            model, prompts, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
+            sampling=sampling, generator=generator,
+        )  # fmt: skip
+
+
+@torch.no_grad()
+def _decode_dynamic_steps(
     model: nn.Module,
     prompts: Sequence[Sequence[int]],
     *,
