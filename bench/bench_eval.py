@@ -33,8 +33,9 @@ GPU run, in order:
 5. prompt lookup (n-gram drafting, n = `--lookup-max-n`…1) on the held-out prompts, once (the
    target is fixed), with the target in fp32 (so that the lossless check is not at the mercy of
    bf16 rounding between forwards of different lengths);
-6. each point's steps: by default 3 epochs of its samples and at least 600 (600, 600 and 2,304
-   for the default 2,048, 20,480 and 98,304 samples), the same on every GPU; `--drafter-steps`
+6. each point's steps: by default 3 epochs of its samples and at least 600 (600, 600 and 3,072
+   for the default 2,048, 20,480 and 131,072 samples; fewer where the windows drawn hold fewer
+   distinct prompts), the same on every GPU; `--drafter-steps`
    gives one count for all points or one per point; with `--drafter-steps 0`, as many as fit
    `--drafter-seconds`, from the step time of a short run of the same drafter;
 7. for each data size of `--samples` (a "point"): a drafter trained for those steps on
@@ -844,7 +845,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--samples",
         type=sample_counts,
-        default=[2048, 20480, 98304],
+        default=[2048, 20480, 131072],
         help="training samples of each drafter point, comma-separated (e.g. 2048,20480)",
     )
     p.add_argument(
