@@ -6,9 +6,10 @@
 2. prefill: one forward over the prompts into a `DynamicCache`, logits of the last position only;
 3. per step: pick the next token of every live row (greedy argmax, or temperature + top-p
    sampling from a seeded generator), feed it with the grown attention mask;
-4. a row that emits an end token or reaches `max_new_tokens` leaves the batch: its cache rows are
-   dropped (`batch_select_indices`), so finished answers cost nothing more — unlike a plain
-   `generate`, which keeps computing padding for them until the longest answer ends.
+4. a row that emits an end token or reaches `max_new_tokens` leaves the batch: its cache rows
+   (keys and values, and the recurrent states of a hybrid model's linear-attention layers) are
+   dropped (`reorder_cache` with the rows kept), so finished answers cost nothing more — unlike
+   a plain `generate`, which keeps computing padding for them until the longest answer ends.
 Batches are formed by the caller from prompts of similar length (`length_batches`), which keeps
 the padding of step 1 small.
 
@@ -328,12 +329,10 @@ def _decode_dynamic_steps(
     sampling: Sampling,
     generator: torch.Generator | None,
 ) -> list[list[int]]:
-    from transformers import DynamicCache
-
     device = next(model.parameters()).device
     b = len(prompts)
     ids, attn, pos = _left_padded(prompts, pad_id, device)
-    cache = DynamicCache()
+    cache = _dynamic_cache(model)
     kv = {_cache_kwarg(model): cache}
     out = model(
         input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1, **kv
@@ -354,7 +353,7 @@ def _decode_dynamic_steps(
             break
         if finished:
             keep = (~done).nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
+            cache.reorder_cache(keep)  # every layer's rows: keys, values, recurrent states
             rows, tok, attn, nxt_pos = rows[keep], tok[keep], attn[keep], nxt_pos[keep]
         attn = torch.cat([attn, attn.new_ones((len(rows), 1))], dim=-1)
         out = model(
@@ -367,6 +366,18 @@ def _decode_dynamic_steps(
         nxt_pos = nxt_pos + 1
         logits = out.logits[:, -1]
     return [_answer(row, eos_ids) for row in tokens.tolist()]
+
+
+def _dynamic_cache(model: nn.Module) -> Any:
+    """A `DynamicCache` laid out from the model's config where `transformers` takes one: a
+    hybrid model (linear-attention layers with conv and recurrent states beside full attention,
+    as Qwen3.5) needs a cache layer of the right kind per layer."""
+    from transformers import DynamicCache
+
+    if "config" in inspect.signature(DynamicCache.__init__).parameters:
+        config: Any = model.config
+        return DynamicCache(config=config)
+    return DynamicCache()
 
 
 def _answer(row: list[int], eos_ids: Collection[int]) -> list[int]:

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from trainer.config import DemoConfig, load_config
-from trainer.decode import Sampling, decode_batch, length_batches
+from trainer.decode import Sampling, decode_batch, length_batches, static_unsupported
 from trainer.decode_attention import COLUMN_BLOCK, NAME, grouped_decoding
 from trainer.demo import ensure_demo_assets
 from trainer.generate import main
@@ -125,6 +125,37 @@ def test_grouped_decoding_leaves_other_attention_alone_and_restores_on_error(
             assert not grouped and model.config._attn_implementation == "eager"
     finally:
         model.config._attn_implementation = "sdpa"
+
+
+def hybrid_model() -> torch.nn.Module:
+    """A tiny random Qwen3.5-shaped model: linear-attention (Gated DeltaNet) layers, whose cache
+    holds conv and recurrent states, between full-attention ones."""
+    pytest.importorskip("transformers.models.qwen3_5", reason="transformers without Qwen3.5")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        "qwen3_5_text", vocab_size=300, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=4, full_attention_interval=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, max_position_embeddings=512,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_a_hybrid_target_decodes_as_plain_greedy() -> None:
+    """`auto` takes the dynamic engine for it; left padding and rows leaving the batch must
+    carry the recurrent states along with the keys and values."""
+    model = hybrid_model()
+    assert set(model.config.layer_types) == {"linear_attention", "full_attention"}
+    assert "not all full attention" in (static_unsupported(model) or "")
+    prompts = random_prompts(4, seed=2)
+    free = [reference(model, p, 10, set()) for p in prompts]
+    eos = {free[1][3]}
+    want = [reference(model, p, 10, eos) for p in prompts]
+    assert min(map(len, want)) < 10 and len({len(p) for p in prompts}) > 1
+    got = decode_batch(model, prompts, max_new_tokens=10, eos_ids=eos, pad_id=0, engine="auto")
+    assert got == want
 
 
 @pytest.mark.parametrize("engine", ["dynamic", "static"])
