@@ -1,7 +1,7 @@
 """On a GPU: batched KV-cached decoding of a float32 target equals plain greedy decoding with
 both engines (the static one replaying its step as a CUDA graph per mask width, through the
-grouped step attention, rows ending early included),
-and `trainer.generate` writes complete shards on CUDA (bf16)."""
+grouped step attention, rows ending early included; a hybrid linear-attention target with the
+dynamic engine), and `trainer.generate` writes complete shards on CUDA (bf16)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.trainer.hybrid_target import hybrid_model
 from trainer.config import DemoConfig
 from trainer.decode import decode_batch
 from trainer.demo import ensure_demo_assets
@@ -44,6 +45,20 @@ def test_cuda_decoding_equals_plain_greedy(tmp_path: Path, engine: str) -> None:
     eos = {free[1][70]}  # row 1 (at least) ends by step 70, in the second mask width
     got = decode_batch(model, prompts, max_new_tokens=80, eos_ids=eos, pad_id=256, engine=engine)
     assert got == [greedy(model, p, 80, eos) for p in prompts]
+
+
+def test_a_hybrid_target_decodes_on_cuda_as_plain_greedy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`auto` takes the dynamic engine (the static one refuses linear-attention layers): the
+    recurrent states follow left padding and rows leaving the batch. cuDNN's TF32 convolutions
+    off, so that the float32 comparison is exact."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    model = hybrid_model().cuda()
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 300, (int(n),), generator=gen).tolist() for n in (3, 9, 5, 12)]
+    free = [greedy(model, p, 16, set()) for p in prompts]
+    eos = {free[1][5]}
+    got = decode_batch(model, prompts, max_new_tokens=16, eos_ids=eos, pad_id=0, engine="auto")
+    assert got == [greedy(model, p, 16, eos) for p in prompts]
 
 
 def test_generate_on_cuda_writes_shards(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.trainer.hybrid_target import hybrid_model
 from trainer.config import DemoConfig, load_config
 from trainer.decode import Sampling, decode_batch, length_batches, static_unsupported
 from trainer.decode_attention import COLUMN_BLOCK, NAME, grouped_decoding
@@ -125,22 +126,6 @@ def test_grouped_decoding_leaves_other_attention_alone_and_restores_on_error(
             assert not grouped and model.config._attn_implementation == "eager"
     finally:
         model.config._attn_implementation = "sdpa"
-
-
-def hybrid_model() -> torch.nn.Module:
-    """A tiny random Qwen3.5-shaped model: linear-attention (Gated DeltaNet) layers, whose cache
-    holds conv and recurrent states, between full-attention ones."""
-    pytest.importorskip("transformers.models.qwen3_5", reason="transformers without Qwen3.5")
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(
-        "qwen3_5_text", vocab_size=300, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=4, full_attention_interval=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-        linear_key_head_dim=16, linear_value_head_dim=16, max_position_embeddings=512,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).eval()
 
 
 def test_a_hybrid_target_decodes_as_plain_greedy() -> None:
