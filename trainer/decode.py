@@ -17,15 +17,17 @@ Two engines run these steps (`engine=`):
 - `dynamic` — a `DynamicCache` that grows by one column per step, finished rows dropped: what
   the steps above describe; any model `transformers` can decode runs on it (its attention on
   the backends that need no plan per shape: every step is a new shape);
-- `static` — a `StaticCache` of `prompt + max_new_tokens` columns, the attention mask kept as a
+- `static` — a `StaticCache` of `prompt + max_new_tokens` columns (rounded up to whole
+  `COLUMN_BLOCK`s when its masks are cut, below), the attention mask kept as a
   (rows, columns) table in which each step opens one column, every row computed to the end (a
-  finished row's tokens after its end token are cut off): every step has the same shapes and the
-  same buffers, so on CUDA the step is recorded once as a CUDA graph and replayed — a small or
-  medium target decodes at the GPU's speed instead of Python's. With `sdpa` attention a step
-  attends through `trainer.decode_attention`: each key/value head read once for the query heads
-  sharing it, and only the columns written so far (a mask cut at the next multiple of
-  `COLUMN_BLOCK`, one graph per width). It needs full attention (no sliding window) in `sdpa`
-  or `eager`; `auto` picks it on CUDA where it applies.
+  finished row's tokens after its end token are cut off): the steps of one mask width have the
+  same shapes and the same buffers, so on CUDA the step is recorded once per width as a CUDA
+  graph and replayed — a small or medium target decodes at the GPU's speed instead of Python's.
+  With `sdpa` attention a step attends through `trainer.decode_attention`: each key/value head
+  read once for the query heads sharing it, and only the columns written so far (a mask cut at
+  the next multiple of `COLUMN_BLOCK`); with `eager`, every mask is the whole table (one
+  width). It needs full attention (no sliding window) in `sdpa` or `eager`; `auto` picks it on
+  CUDA where it applies.
 """
 
 from __future__ import annotations

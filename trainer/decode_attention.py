@@ -2,15 +2,15 @@
 and only the cache columns written so far.
 
 A step of the static engine hands every layer a boolean mask over the whole `StaticCache`.
-`transformers`' `sdpa` attention then either copies each key/value head once per query head
-sharing it (`repeat_kv`: with 4 query heads per key head, four times the cache bytes written and
-read again, every layer, every step) and attends over every column, written or not. Here a step's
-query (one token per row) is laid out as the key heads' queries instead — (rows, key heads, query
-heads per key head, head dim) — so the kernel reads each cached key and value once, and the
-mask's width says how many columns the step may read: the engine passes a mask cut at a multiple
-of `COLUMN_BLOCK` past the newest column, one CUDA graph per width, so the unwritten tail of the
-cache is never read. Any other call (the prefill, a non-boolean mask) runs `transformers`' own
-`sdpa` attention unchanged.
+With a mask, `transformers`' `sdpa` attention (5.17, for one) copies each key/value head once per
+query head sharing it (`repeat_kv`: with 4 query heads per key head, four times the cache bytes
+written and read again, every layer, every step), and any version attends over every column,
+written or not. Here a step's query (one token per row) is laid out as the key heads' queries
+instead — (rows, key heads, query heads per key head, head dim) — so the kernel reads each cached
+key and value once, and the mask's width says how many columns the step may read: the engine
+passes a mask cut at a multiple of `COLUMN_BLOCK` past the newest column, one CUDA graph per
+width, so the unwritten tail of the cache is never read. Any other call (the prefill, a
+non-boolean mask) runs `transformers`' own `sdpa` attention unchanged.
 """
 
 from __future__ import annotations
