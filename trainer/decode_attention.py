@@ -83,15 +83,18 @@ def register() -> bool:
 
 @contextmanager
 def grouped_decoding(model: nn.Module) -> Iterator[bool]:
-    """Within: a model with `sdpa` attention attends with `grouped_step_attention` (yields
-    True: masks may then be cut short); any other model is left as it is (yields False)."""
+    """Within: a model whose decoder has `sdpa` attention attends with `grouped_step_attention`
+    (yields True: masks may then be cut short); any other model is left as it is (yields
+    False). Only the decoder's (text) config is switched, and put back as it was, so the other
+    parts of a multimodal model keep their own attention."""
     config: Any = getattr(model, "config", None)
-    implementation = getattr(config, "_attn_implementation", None) or "sdpa"
-    if implementation != "sdpa" or not register():
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    original = getattr(text, "_attn_implementation", None)
+    if (original or "sdpa") != "sdpa" or not register():
         yield False
         return
-    config._attn_implementation = NAME
+    text._attn_implementation = NAME
     try:
         yield True
     finally:
-        config._attn_implementation = implementation
+        text._attn_implementation = original

@@ -1,7 +1,7 @@
 """The static engine's step attention (`trainer.decode_attention`) against attention written out
 in float64 with every key head repeated for its query heads: values and gradients, masks with
-holes, a cache whose unwritten tail is NaN (never read). Decoding through it:
-`tests/trainer/test_generate.py`."""
+holes, a cache whose unwritten tail is NaN (never read); a multimodal model's decoder alone is
+switched to it. Decoding through it: `tests/trainer/test_generate.py`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.decode_attention import grouped_step_attention
+from trainer.decode_attention import NAME, grouped_decoding, grouped_step_attention
 
 
 def reference(
@@ -59,3 +59,23 @@ def test_grouped_step_attention_gradients_equal_the_reference() -> None:
         assert mine.grad is not None and theirs.grad is not None
         assert (mine.grad.double() - theirs.grad).norm() <= 1e-5 * theirs.grad.norm()
     assert not leaves[1].grad[:, :, 64:].any()  # columns past the mask: not read, no gradient
+
+
+def test_grouped_decoding_switches_only_the_decoder_of_a_multimodal_model() -> None:
+    """A vision encoder keeps its own attention while the text decoder attends grouped, and
+    both are as they were afterwards."""
+    pytest.importorskip("transformers.models.qwen3_vl", reason="transformers without Qwen3-VL")
+    from transformers import AutoConfig
+
+    model = nn.Module()
+    model.config = AutoConfig.for_model("qwen3_vl")
+    model.config._attn_implementation = {
+        "": "sdpa",
+        "text_config": "sdpa",
+        "vision_config": "eager",
+    }
+    text, vision = model.config.text_config, model.config.vision_config
+    with grouped_decoding(model) as grouped:
+        assert grouped
+        assert (text._attn_implementation, vision._attn_implementation) == (NAME, "eager")
+    assert (text._attn_implementation, vision._attn_implementation) == ("sdpa", "eager")
