@@ -33,7 +33,7 @@ from trainer.errors import UnsupportedTarget
 from trainer.fidelity import check_target_supported
 
 # Target families whose layer shape the drafter copies (config.json `model_type`).
-SUPPORTED_FAMILIES = ("qwen3", "qwen2", "llama", "mistral")
+SUPPORTED_FAMILIES = ("qwen3", "qwen3_5", "qwen3_5_text", "qwen2", "llama", "mistral")
 _SHAPE_KEYS: tuple[str, ...] = (
     "hidden_size",
     "num_attention_heads",

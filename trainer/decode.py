@@ -43,6 +43,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trainer.decode_attention import COLUMN_BLOCK, grouped_decoding
+from trainer.fidelity import decoder_config
 
 log = logging.getLogger("trainer.decode")
 
@@ -133,7 +134,7 @@ def static_unsupported(model: nn.Module) -> str | None:
     layer, so every layer must attend to all earlier tokens; the mask is handed to the attention
     as a 4-D table, which `sdpa` (a boolean table) and `eager` (an additive one) take."""
     config: Any = getattr(model, "config", None)
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    text = decoder_config(config)
     kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:
         return f"its layers are not all full attention ({', '.join(sorted(kinds))})"

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.fidelity import decoder_config
+
 NAME = "dflash_grouped_decode"  # the name the attention registries know this function by
 COLUMN_BLOCK = 64  # mask widths are multiples of this: few graphs, aligned masks
 
@@ -88,7 +90,7 @@ def grouped_decoding(model: nn.Module) -> Iterator[bool]:
     False). Only the decoder's (text) config is switched, and put back as it was, so the other
     parts of a multimodal model keep their own attention."""
     config: Any = getattr(model, "config", None)
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    text = decoder_config(config)
     original = getattr(text, "_attn_implementation", None)
     if (original or "sdpa") != "sdpa" or not register():
         yield False

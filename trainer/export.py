@@ -25,6 +25,7 @@ import torch
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig, diff_settings
 from trainer.errors import TrainerError
+from trainer.fidelity import decoder_config
 from trainer.hf_format import DTYPES, hf_config, hf_tensors, write_folder
 from trainer.model import DRAFTER_FORMAT, DrafterShape, shape_from_target
 from trainer.target import default_target_layers
@@ -93,7 +94,7 @@ def target_config(config: TrainConfig) -> Any:
             f"model.target: {folder} has no config.json",
             hint="Export where the target is (dflash export runs at the place), or set model.target.",
         )
-    return AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    return decoder_config(AutoConfig.from_pretrained(str(folder), local_files_only=True))
 
 
 def export(

@@ -6,6 +6,12 @@ q, k, v and o, a SiLU MLP without bias, RoPE over the whole head. A target setti
 drafter cannot follow is refused here by name, before anything loads, instead of being trained
 as something else without a word. `trainer.check` (pre-flight) and `shape_from_target` call
 `check_target_supported`.
+
+The drafter's rope is its own: its queries and keys (the context's too) are its own projections,
+so it need not rotate as the target does. It takes the target's theta and scaling and always
+rotates the whole head, which is what the engines build from the exported config; a target
+that rotates part of each head (`partial_rotary_factor`, as Qwen3.5) is followed in everything
+else.
 """
 
 from __future__ import annotations
@@ -20,9 +26,9 @@ _SCALING_KEYS: dict[str, tuple[str, ...]] = {"linear": ("factor",), "llama3": LL
 
 def check_target_supported(target_config: Any) -> None:
     """Raise `UnsupportedTarget` naming the field and value the served drafter cannot follow:
-    a non-SiLU activation, an MLP bias, partial rotary, a rope type not reproduced, kv heads
-    that do not divide the heads. Reads the config only."""
-    c = target_config
+    a non-SiLU activation, an MLP bias, a rope type not reproduced, kv heads that do not divide
+    the heads. Reads the config only (its decoder's part, for a multimodal one)."""
+    c = decoder_config(target_config)
     for key in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
         if getattr(c, key, None) is None:
             raise UnsupportedTarget(key, None, "missing; the drafter's shape is taken from it")
@@ -38,13 +44,6 @@ def check_target_supported(target_config: Any) -> None:
             "mlp_bias", True, "the engines' DFlash MLP has no bias: they would not load one"
         )
     rope = rope_settings(c)
-    partial = rope.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", None))
-    if partial is not None and float(partial) != 1.0:
-        raise UnsupportedTarget(
-            "partial_rotary_factor",
-            partial,
-            "the engines rotate the drafter's whole head (rotary_dim = head_dim)",
-        )
     kind = rope["rope_type"]
     if kind not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedTarget(
@@ -61,10 +60,17 @@ def check_target_supported(target_config: Any) -> None:
         raise UnsupportedTarget("num_key_value_heads", kv, f"must divide {heads} attention heads")
 
 
+def decoder_config(config: Any) -> Any:
+    """The language model's part of a `transformers` config: a multimodal one (Qwen3.5's, say)
+    keeps it as `text_config`; a plain causal LM's is the config itself."""
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if callable(get) else config
+
+
 def rope_from_target(target_config: Any) -> RopeSpec:
     """The target's theta, rope type and that type's scaling keys (call
     `check_target_supported` first)."""
-    rope = rope_settings(target_config)
+    rope = rope_settings(decoder_config(target_config))
     kind = rope["rope_type"]
     return RopeSpec(
         theta=float(rope["rope_theta"]),

@@ -38,7 +38,7 @@ from trainer.attention import (
     fail_instead_of_eager_fallback,
 )
 from trainer.config import ModelConfig, TrainConfigError
-from trainer.fidelity import check_target_supported, rope_from_target
+from trainer.fidelity import check_target_supported, decoder_config, rope_from_target
 from trainer.rope import RopeSpec, apply_rope, rope_cos_sin
 
 __all__ = ["DRAFTER_FORMAT", "Drafter", "DrafterShape", "check_target_supported"]
@@ -94,7 +94,7 @@ class DrafterShape:
 def shape_from_target(target_config: Any, model: ModelConfig, *, num_features: int) -> DrafterShape:
     """Take the layer shape, rope and bias from a `transformers` config; a target the served
     drafter cannot follow raises `UnsupportedTarget` (`check_target_supported`)."""
-    c = target_config
+    c = decoder_config(target_config)
     check_target_supported(c)
     heads = int(c.num_attention_heads)
     vocab = int(c.vocab_size)

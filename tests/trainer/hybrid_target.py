@@ -20,3 +20,20 @@ def hybrid_model() -> torch.nn.Module:
     )  # fmt: skip
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config).eval()
+
+
+def save_multimodal_hybrid(folder: str) -> torch.nn.Module:
+    """The hybrid's text model inside a tiny image-text checkpoint, as Qwen3.5's are published
+    (`text_config` nested in the config, the weights under `model.language_model`), saved to
+    `folder`; returns the model as built (its `model.language_model` is the reference)."""
+    pytest.importorskip("transformers.models.qwen3_5", reason="transformers without Qwen3.5")
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    text = hybrid_model().config.to_dict()
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+              "out_hidden_size": text["hidden_size"]}  # fmt: skip
+    config = AutoConfig.for_model("qwen3_5", text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config).eval()
+    model.save_pretrained(folder)
+    return model

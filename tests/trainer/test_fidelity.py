@@ -1,8 +1,11 @@
 """The drafter follows the target's settings the engines can serve, or refuses by name: q/k
 norm for a Llama target, attention bias on q, k, v and o, the target's rope (llama3 and linear
-scaling equal to transformers' own), and refusals of GELU, MLP bias, partial rotary, yarn."""
+scaling equal to transformers' own), a whole-head rope for a target that rotates part of each
+head, and refusals of GELU, MLP bias, yarn."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from trainer.config import ModelConfig
 from trainer.errors import UnsupportedTarget
+from trainer.hf_format import hf_config
 from trainer.model import Drafter, check_target_supported, shape_from_target
 from trainer.rope import RopeSpec, inv_freq
 
@@ -95,11 +99,18 @@ def test_refused_by_field_name(config, field) -> None:
     assert info.value.field == field and field in str(info.value)
 
 
-def test_partial_rotary_is_refused() -> None:
+def test_a_partial_rotary_target_gets_a_drafter_that_rotates_its_whole_head() -> None:
+    """The drafter's rope is its own (its queries and keys are its own projections): it takes
+    the target's theta and rotates every pair of the head, as the engines build it from the
+    exported config, whatever share of the head the target rotates (Qwen3.5: a quarter)."""
     config = llama()
     config.partial_rotary_factor = 0.25
-    with pytest.raises(UnsupportedTarget, match="partial_rotary_factor = 0.25"):
-        check_target_supported(config)
+    shape = drafter_for(config).shape
+    assert shape.rope == RopeSpec(theta=500000.0)
+    assert inv_freq(shape.rope, shape.head_dim).shape == (shape.head_dim // 2,)
+    served = hf_config(shape, target_layer_ids=[1, 2], num_target_layers=6,
+                       max_position_embeddings=8192, dtype=torch.float32)  # fmt: skip
+    assert "partial_rotary_factor" not in json.dumps(served)
 
 
 def test_llama_drafter_runs_forward() -> None:
