@@ -144,6 +144,7 @@ def static_unsupported(model: nn.Module) -> str | None:
     return None
 
 
+@torch.no_grad()
 def _decode_static(
     model: nn.Module,
     prompts: Sequence[Sequence[int]],
@@ -154,82 +155,64 @@ def _decode_static(
     sampling: Sampling,
     generator: torch.Generator | None,
 ) -> list[list[int]]:
-    as_mask = _mask_format(model)
-    with grouped_decoding(model) as grouped:
-        return _decode_static_steps(
-            model, prompts, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
-            sampling=sampling, generator=generator, as_mask=as_mask, cut_masks=grouped,
-        )  # fmt: skip
-
-
-@torch.no_grad()
-def _decode_static_steps(
-    model: nn.Module,
-    prompts: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    eos_ids: Collection[int],
-    pad_id: int,
-    sampling: Sampling,
-    generator: torch.Generator | None,
-    as_mask: Callable[[torch.Tensor], torch.Tensor],
-    cut_masks: bool,
-) -> list[list[int]]:
-    """The static engine's steps. `cut_masks`: a step's mask ends at the first multiple of
-    `COLUMN_BLOCK` past its column (the attention reads no further), else at the cache's end."""
+    """The static engine. With `sdpa` attention (`grouped_decoding`) a step's mask ends at the
+    first multiple of `COLUMN_BLOCK` past its column (the attention reads no further), else at
+    the cache's end."""
     from transformers import StaticCache
 
-    device = next(model.parameters()).device
-    ids, attn, pos = _left_padded(prompts, pad_id, device)
-    b, width = ids.shape
-    block = COLUMN_BLOCK if cut_masks else 1
-    columns = -(-(width + max_new_tokens) // block) * block  # rounded up to whole blocks
-    config: Any = model.config
-    cache = StaticCache(config=config, max_cache_len=columns)
-    kv = {_cache_kwarg(model): cache}
-    # (b, columns): which cached columns a row may attend to; each decode step opens one more
-    open_ = torch.zeros((b, columns), dtype=torch.bool, device=device)
-    open_[:, :width] = attn.bool()
-    causal = torch.ones((width, columns), dtype=torch.bool, device=device).tril()
-    prefill_mask = open_[:, None, None, :] & causal  # (b, 1, width, columns)
-    # a padding position sees itself: no row of the table is empty (an empty row's softmax is
-    # NaN, and a NaN key or value poisons every row that masks it out)
-    prefill_mask |= torch.eye(width, columns, dtype=torch.bool, device=device)
-    out = model(
-        input_ids=ids, attention_mask=as_mask(prefill_mask), position_ids=pos, use_cache=True,
-        logits_to_keep=1, **kv,
-    )  # fmt: skip
-    step_ids = torch.zeros((b, 1), dtype=torch.long, device=device)
-    step_pos = pos[:, -1:] + 1  # (b, 1)
-    column = torch.full((1,), width, dtype=torch.long, device=device)  # the next free column
+    as_mask = _mask_format(model)  # read before the attention is switched
+    with grouped_decoding(model) as cut_masks:
+        device = next(model.parameters()).device
+        ids, attn, pos = _left_padded(prompts, pad_id, device)
+        b, width = ids.shape
+        block = COLUMN_BLOCK if cut_masks else 1
+        columns = -(-(width + max_new_tokens) // block) * block  # rounded up to whole blocks
+        config: Any = model.config
+        cache = StaticCache(config=config, max_cache_len=columns)
+        kv = {_cache_kwarg(model): cache}
+        # (b, columns): which cached columns a row may attend to; each step opens one more
+        open_ = torch.zeros((b, columns), dtype=torch.bool, device=device)
+        open_[:, :width] = attn.bool()
+        causal = torch.ones((width, columns), dtype=torch.bool, device=device).tril()
+        prefill_mask = open_[:, None, None, :] & causal  # (b, 1, width, columns)
+        # a padding position sees itself: no row of the table is empty (an empty row's softmax
+        # is NaN, and a NaN key or value poisons every row that masks it out)
+        prefill_mask |= torch.eye(width, columns, dtype=torch.bool, device=device)
+        out = model(
+            input_ids=ids, attention_mask=as_mask(prefill_mask), position_ids=pos,
+            use_cache=True, logits_to_keep=1, **kv,
+        )  # fmt: skip
+        step_ids = torch.zeros((b, 1), dtype=torch.long, device=device)
+        step_pos = pos[:, -1:] + 1  # (b, 1)
+        column = torch.full((1,), width, dtype=torch.long, device=device)  # the next free column
 
-    def step(end: int) -> torch.Tensor:
-        """One token per row at `column`, attending to columns < `end`; the same buffers every
-        call (a graph can replay it)."""
-        open_.index_fill_(1, column, True)
-        logits = model(
-            input_ids=step_ids, attention_mask=as_mask(open_[:, None, None, :end]),
-            position_ids=step_pos, use_cache=True, **kv,
-        ).logits[:, -1]  # fmt: skip
-        step_pos.add_(1)
-        column.add_(1)
-        return logits
+        def step(end: int) -> torch.Tensor:
+            """One token per row at `column`, attending to columns < `end`; the same buffers
+            every call (a graph can replay it)."""
+            open_.index_fill_(1, column, True)
+            logits = model(
+                input_ids=step_ids, attention_mask=as_mask(open_[:, None, None, :end]),
+                position_ids=step_pos, use_cache=True, **kv,
+            ).logits[:, -1]  # fmt: skip
+            step_pos.add_(1)
+            column.add_(1)
+            return logits
 
-    run_step = _Replay(step, device)
-    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
-    done = torch.zeros(b, dtype=torch.bool, device=device)
-    tokens = torch.full((b, max_new_tokens), -1, dtype=torch.long, device=device)
-    logits = out.logits[:, -1]
-    for i in range(max_new_tokens):
-        tok = pick(logits, sampling, generator)
-        tokens[:, i] = tok
-        done |= torch.isin(tok, eos)
-        if i + 1 == max_new_tokens or (i % CHECK_DONE_EVERY == 0 and bool(done.all())):
-            break
-        step_ids.copy_(tok[:, None])
-        end = min(columns, (width + i) // block * block + block)  # past the column it writes
-        logits = run_step(end if cut_masks else columns)
-    return [_answer(row, eos_ids) for row in tokens.tolist()]
+        run_step = _Replay(step, device)
+        eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
+        done = torch.zeros(b, dtype=torch.bool, device=device)
+        tokens = torch.full((b, max_new_tokens), -1, dtype=torch.long, device=device)
+        logits = out.logits[:, -1]
+        for i in range(max_new_tokens):
+            tok = pick(logits, sampling, generator)
+            tokens[:, i] = tok
+            done |= torch.isin(tok, eos)
+            if i + 1 == max_new_tokens or (i % CHECK_DONE_EVERY == 0 and bool(done.all())):
+                break
+            step_ids.copy_(tok[:, None])
+            end = min(columns, (width + i) // block * block + block)  # past the column it writes
+            logits = run_step(end if cut_masks else columns)
+        return [_answer(row, eos_ids) for row in tokens.tolist()]
 
 
 class _Replay:
@@ -301,6 +284,7 @@ def _left_padded(
 NO_PLAN_PER_SHAPE = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
+@torch.no_grad()
 def _decode_dynamic(
     model: nn.Module,
     prompts: Sequence[Sequence[int]],
@@ -315,60 +299,48 @@ def _decode_dynamic(
     so attention runs on the backends that need no per-shape plan (`NO_PLAN_PER_SHAPE`; on an
     H200, 55 → 12 ms a step for the evaluation benchmark's target)."""
     with sdpa_kernel(list(NO_PLAN_PER_SHAPE)):
-        return _decode_dynamic_steps(
-            model, prompts, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
-            sampling=sampling, generator=generator,
-        )  # fmt: skip
-
-
-@torch.no_grad()
-def _decode_dynamic_steps(
-    model: nn.Module,
-    prompts: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    eos_ids: Collection[int],
-    pad_id: int,
-    sampling: Sampling,
-    generator: torch.Generator | None,
-) -> list[list[int]]:
-    device = next(model.parameters()).device
-    b = len(prompts)
-    ids, attn, pos = _left_padded(prompts, pad_id, device)
-    cache = _dynamic_cache(model)
-    kv = {_cache_kwarg(model): cache}
-    out = model(
-        input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1, **kv
-    )
-    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
-    rows = torch.arange(b, device=device)  # original index of each live row
-    nxt_pos = pos[:, -1] + 1  # (live,)
-    tokens = torch.full((b, max_new_tokens), -1, dtype=torch.long, device=device)  # (b, N)
-    logits = out.logits[:, -1]
-    for step in range(max_new_tokens):
-        tok = pick(logits, sampling, generator)  # (live,)
-        tokens[rows, step] = tok  # stays on the device: one sync per step (the count below)
-        if step + 1 == max_new_tokens:
-            break
-        done = torch.isin(tok, eos)
-        finished = int(done.sum())
-        if finished == len(rows):
-            break
-        if finished:
-            keep = (~done).nonzero().squeeze(-1)
-            cache.reorder_cache(keep)  # every layer's rows: keys, values, recurrent states
-            rows, tok, attn, nxt_pos = rows[keep], tok[keep], attn[keep], nxt_pos[keep]
-        attn = torch.cat([attn, attn.new_ones((len(rows), 1))], dim=-1)
+        device = next(model.parameters()).device
+        b = len(prompts)
+        ids, attn, pos = _left_padded(prompts, pad_id, device)
+        cache = _dynamic_cache(model)
+        kv = {_cache_kwarg(model): cache}
         out = model(
-            input_ids=tok[:, None],
+            input_ids=ids,
             attention_mask=attn,
-            position_ids=nxt_pos[:, None],
+            position_ids=pos,
             use_cache=True,
+            logits_to_keep=1,
             **kv,
         )
-        nxt_pos = nxt_pos + 1
+        eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
+        rows = torch.arange(b, device=device)  # original index of each live row
+        nxt_pos = pos[:, -1] + 1  # (live,)
+        tokens = torch.full((b, max_new_tokens), -1, dtype=torch.long, device=device)  # (b, N)
         logits = out.logits[:, -1]
-    return [_answer(row, eos_ids) for row in tokens.tolist()]
+        for step in range(max_new_tokens):
+            tok = pick(logits, sampling, generator)  # (live,)
+            tokens[rows, step] = tok  # stays on the device: one sync per step (the count below)
+            if step + 1 == max_new_tokens:
+                break
+            done = torch.isin(tok, eos)
+            finished = int(done.sum())
+            if finished == len(rows):
+                break
+            if finished:
+                keep = (~done).nonzero().squeeze(-1)
+                cache.reorder_cache(keep)  # every layer's rows: keys, values, recurrent states
+                rows, tok, attn, nxt_pos = rows[keep], tok[keep], attn[keep], nxt_pos[keep]
+            attn = torch.cat([attn, attn.new_ones((len(rows), 1))], dim=-1)
+            out = model(
+                input_ids=tok[:, None],
+                attention_mask=attn,
+                position_ids=nxt_pos[:, None],
+                use_cache=True,
+                **kv,
+            )
+            nxt_pos = nxt_pos + 1
+            logits = out.logits[:, -1]
+        return [_answer(row, eos_ids) for row in tokens.tolist()]
 
 
 def _dynamic_cache(model: nn.Module) -> Any:
