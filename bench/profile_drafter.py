@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 import time
@@ -44,49 +43,7 @@ from bench.bench_pipeline import (
     write_data,
 )
 from trainer.config import ATTENTION_KERNELS
-
-# First match wins: kernel name pattern → kind.
-KINDS = [
-    ("attention backward", re.compile(r"(flex|flash|attention).*(bwd|backward)", re.I)),
-    ("attention forward", re.compile(r"flex|flash|attention", re.I)),
-    ("block mask", re.compile(r"mask|create_block", re.I)),
-    ("loss kernels", re.compile(r"_stats_kernel|_grad_kernel|logsumexp|cross_entropy", re.I)),
-    (
-        "matmul",
-        re.compile(r"gemm|gemv|cutlass|nvjet|sm90|sm80|cublas|matmul|aten::(mm|addmm|bmm)$", re.I),
-    ),
-    ("optimizer", re.compile(r"adam|multi_tensor|foreach", re.I)),
-    ("communication", re.compile(r"nccl", re.I)),
-]
-
-
-def kind_of(name: str) -> str:
-    return next((k for k, pattern in KINDS if pattern.search(name)), "other")
-
-
-def summarize(events: list[tuple[str, float]], total_us: float) -> list[dict]:
-    """(kernel name, µs per step) → one row per kind with its share of `total_us`."""
-    totals: dict[str, float] = {}
-    for name, us in events:
-        totals[kind_of(name)] = totals.get(kind_of(name), 0.0) + us
-    return [
-        {"kind": k, "ms_per_step": v / 1e3, "share": v / total_us if total_us else 0.0}
-        for k, v in sorted(totals.items(), key=lambda kv: -kv[1])
-    ]
-
-
-def _kernel_times(averages, *, gpu: bool) -> list[tuple[object, float]]:
-    """(event, µs) of the kernels only: on a GPU the device events that are not annotations
-    (an `Optimizer.step` range would count its kernels twice); on the CPU each op's self time."""
-    if not gpu:
-        return [(e, e.self_cpu_time_total) for e in averages if e.self_cpu_time_total > 0]
-    return [
-        (e, e.self_device_time_total)
-        for e in averages
-        if e.device_type == torch.autograd.DeviceType.CUDA
-        and not getattr(e, "is_user_annotation", False)
-        and e.self_device_time_total > 0
-    ]
+from trainer.profiling import by_kind, kernel_times
 
 
 def _seconds_per_step(worker, features: list, steps: range, device: torch.device) -> float:
@@ -157,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     with torch.profiler.profile(activities=activities) as prof:
         profiled_s = _seconds_per_step(worker, features, profiled, device)
     averages = prof.key_averages()
-    events = [(e.key, us / args.steps) for e, us in _kernel_times(averages, gpu=gpu)]
+    events = [(key, us / args.steps) for key, us in kernel_times(averages, gpu=gpu)]
     kernel_us = sum(us for _, us in events)
-    rows = summarize(events, kernel_us)
+    rows = by_kind(events, kernel_us)
     result = {
         "device": torch.cuda.get_device_name(0) if gpu else "cpu",
         "torch": torch.__version__,

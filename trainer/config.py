@@ -188,6 +188,8 @@ class RunConfig:
     attention_kernels: str = "auto"
     tensorboard: bool = True  # event files in <out>/tensorboard (when tensorboard is installed)
     extend: bool = False  # resume even though the lr schedule changed (e.g. run.steps raised)
+    profile_steps: int = 0  # record this many steps with torch.profiler into <out>/profile; 0: off
+    profile_start: int = 20  # … the steps after this one (past the first steps' compiles)
 
     def compiles_on(self, device: Any) -> bool:
         """Whether the drafter's layers are compiled on `device` (a torch.device)."""
@@ -201,6 +203,9 @@ class RunConfig:
         _positive("run.keep_last", self.keep_last)
         if self.threads < 0:
             raise TrainConfigError("run.threads", "must be ≥ 0")
+        for key in ("profile_steps", "profile_start"):
+            if getattr(self, key) < 0:
+                raise TrainConfigError(f"run.{key}", "must be ≥ 0")
         if self.attention_kernels not in ATTENTION_KERNELS:
             raise TrainConfigError(
                 "run.attention_kernels",

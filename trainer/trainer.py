@@ -34,6 +34,7 @@ from trainer.features import FeatureSource, LocalTarget, StepSummary
 from trainer.metrics import METRICS, append_row, truncate_rows
 from trainer.pipeline import COMPILE_NOTE, DrafterWorker, StepResult, lr_at
 from trainer.probe import ProbeReport
+from trainer.profiling import ProfileReport, StepProfiler
 from trainer.runtime import resolve_demo, resolve_device
 from trainer.stopping import StopRequest, write_record
 
@@ -123,6 +124,7 @@ class Trainer:
         self.last_probe: ProbeReport | None = None
         self.curves = TrainingCurves(self.out_dir, enabled=cfg.run.tensorboard and self.lead)
         self.rate = Rate()
+        self.profiler = self._profiler()
         self.summary: dict[str, Any] = {}
 
     def _resume(self, state: dict, path: Path, changes: list[str]) -> None:
@@ -175,6 +177,7 @@ class Trainer:
         if self.stop is not None:
             self.stop.begin()
         self.rate = Rate()
+        profiler = self.profiler
         while self.step < until:
             if self._asked() and not results and not self.source.collective:
                 self.emit(
@@ -182,9 +185,11 @@ class Trainer:
                 )
                 write_record("stopped")
                 break
+            profiler.before(self.step)
             features, index = self.source.next(self.step)
             result = self.drafter_worker.train_step(features, index)
             self.step += 1
+            self._profiled(profiler.after(self.step))
             results.append(result)
             summary = self.source.summarize(result, asked=self._asked())
             self.rate.count(summary.tokens)
@@ -196,8 +201,30 @@ class Trainer:
             if stopping:
                 self._stopped(saved)
                 break
+        self._profiled(profiler.finish(self.step))
         self.summary = self.source.finish(self.step, self.drafter_worker.drafter)
         return results
+
+    def _profiler(self) -> StepProfiler:
+        """`run.profile_steps` steps after `run.profile_start`, once per trainer (a window that
+        `run(until=…)` cuts short is written as it is), by every process that trains a drafter
+        (each its own files in a split run)."""
+        run = self.config.run
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else None
+        return StepProfiler(
+            self.out_dir,
+            start=run.profile_start,
+            count=run.profile_steps,
+            device=self.device,
+            name="" if rank is None else f"rank{rank}-",
+        )
+
+    def _profiled(self, report: ProfileReport | None) -> None:
+        """Says where the recorded steps' time went; writing the trace is not training."""
+        if report is None:
+            return
+        self.rate.exclude(report.write_s)
+        self.emit(report.line())
 
     def _asked(self) -> bool:
         return self.stop is not None and self.stop.requested
