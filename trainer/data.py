@@ -259,7 +259,11 @@ class BatchStream:
     @property
     def epochs(self) -> float:
         """Passes over the data so far (2.5: half-way through the third)."""
-        return self.position.epoch + self.position.index / len(self.samples)
+        return self.epochs_at(self.position)
+
+    def epochs_at(self, position: DataPosition) -> float:
+        """Passes over the data at `position`."""
+        return position.epoch + position.index / len(self.samples)
 
     def __iter__(self) -> Iterator[Batch]:
         while True:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from trainer.config import TrainConfig
-from trainer.data import BatchStream, DataPosition, load_data, repeat_note, split_holdout
+from trainer.data import Batch, BatchStream, DataPosition, load_data, repeat_note, split_holdout
 from trainer.model import Drafter
 from trainer.pipeline import DrafterWorker, Features, StepResult, TargetWorker
 from trainer.probe import ProbeReport, TauProbe
@@ -80,6 +80,10 @@ class FeatureSource(Protocol):
     def next(self, step: int) -> tuple[Features, int]:
         """The features step `step + 1` trains and the batch's global index (its noise)."""
 
+    def prefetch(self) -> None:
+        """While the step just launched runs on the device: the host's share of the next
+        `next` (drawing a batch), done ahead. Changes no position a checkpoint records."""
+
     def summarize(self, result: StepResult, *, asked: bool) -> StepSummary:
         """The step as logged; `asked`: this process's stop request."""
 
@@ -124,9 +128,14 @@ class LocalTarget:
         self.stream = BatchStream(
             samples, config.data, block_size=config.model.block_size, seed=config.run.seed
         )
+        # the position after the batches handed out; the stream is one batch ahead of it
+        # while a drawn batch waits in `_ahead`
+        self._trained = DataPosition()
+        self._ahead: tuple[Batch, DataPosition] | None = None
 
     def start(self, step: int, position: DataPosition) -> None:
-        self.stream.position = position
+        self.stream.position = self._trained = position
+        self._ahead = None
 
     def drafter_worker(self, config: TrainConfig) -> DrafterWorker:
         return DrafterWorker.for_target(self.target, config, self.device)
@@ -138,11 +147,20 @@ class LocalTarget:
         pass
 
     def next(self, step: int) -> tuple[Features, int]:
-        epoch = self.stream.position.epoch
-        features = self.worker.produce(self.stream.next_batch())
-        if self.stream.position.epoch > epoch:
-            self.emit(repeat_note(self.stream.position.epoch, len(self.stream.samples)))
-        return features, step
+        before = self._trained
+        batch, self._trained = self._ahead or self._draw()
+        self._ahead = None
+        if self._trained.epoch > before.epoch:
+            self.emit(repeat_note(self._trained.epoch, len(self.stream.samples)))
+        return self.worker.produce(batch), step
+
+    def prefetch(self) -> None:
+        if self._ahead is None:
+            self._ahead = self._draw()
+
+    def _draw(self) -> tuple[Batch, DataPosition]:
+        batch = self.stream.next_batch()
+        return batch, self.stream.position
 
     def summarize(self, result: StepResult, *, asked: bool) -> StepSummary:
         return StepSummary.of(result, stop=asked)
@@ -151,10 +169,10 @@ class LocalTarget:
         return summary.stop
 
     def position(self, step: int) -> DataPosition:
-        return self.stream.position
+        return self._trained
 
     def epochs(self, step: int) -> float:
-        return self.stream.epochs
+        return self.stream.epochs_at(self._trained)
 
     def probe(self, drafter: Drafter, step: int) -> ProbeReport | None:
         return None if self.tau_probe is None else self.tau_probe(drafter, step=step)

@@ -252,14 +252,22 @@ class _Plan:
 
 
 def _plan(
-    labels: Tensor, gamma: float, chunk_rows: int, compute: torch.dtype, norms: LossNorms | None
+    labels: Tensor,
+    gamma: float,
+    chunk_rows: int,
+    compute: torch.dtype,
+    norms: LossNorms | None,
+    device: torch.device,
 ) -> _Plan:
-    """`norms`: the whole batch's W and C when `labels` are a part of it; None: these labels'."""
+    """`norms`: the whole batch's W and C when `labels` are a part of it; None: these labels'.
+    Worked out where `labels` are: labels on the CPU (the batch before it went to the GPU) let
+    the host plan the chunks without waiting for the device; the plan's tensors then go to
+    `device` without a sync."""
     n_blocks, b = labels.shape
     slot = torch.arange(b, device=labels.device)
     supervised = (labels != IGNORE_INDEX) & (slot >= 1)  # (N, B)
     w = _supervised_weights(labels, gamma, compute)  # (N, B)
-    total = w.sum() if norms is None else norms.weight_total.to(compute)
+    total = w.sum() if norms is None else norms.weight_total.to(labels.device, compute)
     w = w / torch.where(total > 0, total, torch.ones_like(total))
     flat = supervised.reshape(-1)
     rows = flat.nonzero().squeeze(1)  # (R,)
@@ -268,14 +276,23 @@ def _plan(
     per_chunk = per_chunk.view(-1, chunk_blocks).sum(1).cumsum(0)
     capped = _cap_blocks(labels) if norms is None else norms.cap_blocks
     return _Plan(
-        rows=rows,
-        labels=labels.reshape(-1)[rows],
-        weight=w.reshape(-1)[rows],
-        slot=rows % b,
+        rows=_to(rows, device),
+        labels=_to(labels.reshape(-1)[rows], device),
+        weight=_to(w.reshape(-1)[rows], device),
+        slot=_to(rows % b, device),
         cap_norm=1.0 / (capped * (b - 1)) if capped else 0.0,
         bounds=[0, *per_chunk.tolist()],
         chunk_blocks=chunk_blocks,
     )
+
+
+def _to(t: Tensor, device: torch.device) -> Tensor:
+    """To `device` without waiting: from pinned memory when it crosses from the CPU."""
+    if t.device == device:
+        return t
+    if t.device.type == "cpu" and device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 def _cap_chains(logq_y: Tensor, local: Tensor, blocks: int, b: int) -> tuple[Tensor, Tensor]:
@@ -381,6 +398,7 @@ class _DFlashLoss(torch.autograd.Function):
         ctx.has = (grad_h is not None, grad_w is not None)
         ctx.hidden_shape = hidden.shape
         ctx.weight_dtype = weight.dtype
+        ctx.compute = compute
         accuracy = correct / counted  # NaN where nothing was counted
         out_dtype = torch.promote_types(hidden.dtype, torch.float32)
         results = tuple(t.to(out_dtype) for t in (loss, ce, kl, cap, accuracy))
@@ -394,11 +412,17 @@ class _DFlashLoss(torch.autograd.Function):
         has_h, has_w = ctx.has
         grad_h = saved.pop(0) if has_h else None
         grad_w = saved.pop(0) if has_w else None
-        # A Python float keeps the scale exact: reduced-precision kernels apply it in fp32.
-        scale = float(grad_loss)
-        out_h = None if grad_h is None else (grad_h * scale).view(ctx.hidden_shape)
+        # The scale stays a device tensor (reading it would wait for the device) and is applied
+        # in the loss's own precision, never rounded to a bf16 gradient's.
+        scale = grad_loss.to(ctx.compute)
+        out_h = None if grad_h is None else _scaled(grad_h, scale).view(ctx.hidden_shape)
         out_w = None if grad_w is None else (grad_w * scale).to(ctx.weight_dtype)
         return out_h, out_w, None, None, None, None, None
+
+
+def _scaled(grad: Tensor, scale: Tensor) -> Tensor:
+    """grad · scale computed in the scale's precision, returned in grad's dtype."""
+    return (grad.to(scale.dtype) * scale).to(grad.dtype)
 
 
 def dflash_loss(
@@ -448,7 +472,7 @@ def dflash_loss(
     if chunk_rows is None:
         per = _bytes_per_logit(weight.element_size(), kernels=chunk, kl=use_kl)
         chunk_rows = default_chunk_rows(weight.shape[0], b, bytes_per_logit=per)
-    plan = _plan(labels, gamma, chunk_rows, compute, norms)
+    plan = _plan(labels, gamma, chunk_rows, compute, norms, hidden.device)
     grad_on = torch.is_grad_enabled()
     need = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad)
     target = None if target_hidden is None else target_hidden.detach()

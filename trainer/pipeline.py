@@ -45,13 +45,19 @@ class Features:
     valid: Tensor  # (Bsz, N) bool
     labels: Tensor  # (Bsz, N, B) long
     num_tokens: int  # real (unpadded) tokens in the batch
+    # the labels on the CPU when the batch came from there: the loss plans its chunks from them
+    # without waiting for the device (None: it reads `labels`)
+    host_labels: Tensor | None = None
 
     def tensors(self) -> dict[str, Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "num_tokens"}
+        host = ("num_tokens", "host_labels")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in host}
 
     def to(self, device: torch.device | str) -> Features:
         return Features(
-            **{k: v.to(device) for k, v in self.tensors().items()}, num_tokens=self.num_tokens
+            **{k: v.to(device) for k, v in self.tensors().items()},
+            num_tokens=self.num_tokens,
+            host_labels=self.host_labels,
         )
 
 
@@ -62,6 +68,7 @@ class TargetWorker:
         self.target = target
 
     def produce(self, batch: Batch) -> Features:
+        host = batch
         batch = batch.to(self.target.device)
         out = self.target(batch.input_ids)
         return Features(
@@ -71,7 +78,8 @@ class TargetWorker:
             anchors=batch.anchors,
             valid=batch.valid,
             labels=batch.labels,
-            num_tokens=batch.num_tokens,
+            num_tokens=host.num_tokens,
+            host_labels=host.labels if host.labels.device.type == "cpu" else None,
         )
 
 
@@ -87,6 +95,34 @@ class StepResult:
     grad_norm: float
     tokens: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class PendingStep:
+    """A step whose kernels are queued; `result()` waits for them (the step's one device
+    sync) and reads its figures."""
+
+    step: int
+    values: Tensor  # loss, ce, kl, cap, grad_norm
+    slot_accuracy: Tensor  # slots k ≥ 1
+    lr: float
+    tokens: int
+    start: float  # perf_counter when the step began
+
+    def result(self) -> StepResult:
+        loss, ce, kl, cap, grad_norm = self.values.tolist()
+        return StepResult(
+            step=self.step,
+            loss=loss,
+            ce=ce,
+            kl=kl,
+            cap=cap,
+            slot_accuracy=self.slot_accuracy.tolist(),
+            lr=self.lr,
+            grad_norm=grad_norm,
+            tokens=self.tokens,
+            seconds=time.perf_counter() - self.start,
+        )
 
 
 def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:
@@ -217,7 +253,12 @@ class DrafterWorker:
 
     def train_step(self, features: Features, step: int) -> StepResult:
         """Forward and backward over the batch (in `micro_batches` parts of whole sequences,
-        gradients accumulated), then one optimizer step."""
+        gradients accumulated), then one optimizer step; waits for it."""
+        return self.launch_step(features, step).result()
+
+    def launch_step(self, features: Features, step: int) -> PendingStep:
+        """`train_step` without the wait: the step's kernels are queued and the host is free
+        (to draw the next batch, say) until `PendingStep.result()` reads the figures."""
         start = time.perf_counter()
         f = features
         hidden = f.hidden
@@ -237,7 +278,7 @@ class DrafterWorker:
         norms = (
             None
             if len(parts) == 1
-            else loss_norms(f.labels.reshape(-1, b), self.gamma, hidden.dtype)
+            else loss_norms(self._plan_labels(f).reshape(-1, b), self.gamma, hidden.dtype)
         )
         outputs = []
         for i, rows in enumerate(parts):
@@ -258,21 +299,20 @@ class DrafterWorker:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        values = torch.stack(
-            [result.loss.detach(), result.ce, result.kl, result.cap, grad_norm]
-        ).tolist()
-        return StepResult(
+        values = torch.stack([result.loss.detach(), result.ce, result.kl, result.cap, grad_norm])
+        return PendingStep(
             step=step,
-            loss=values[0],
-            ce=values[1],
-            kl=values[2],
-            cap=values[3],
-            slot_accuracy=result.slot_accuracy[1:].tolist(),
+            values=values,
+            slot_accuracy=result.slot_accuracy[1:],
             lr=lr,
-            grad_norm=values[4],
             tokens=f.num_tokens,
-            seconds=time.perf_counter() - start,
+            start=start,
         )
+
+    @staticmethod
+    def _plan_labels(f: Features) -> Tensor:
+        """The labels the loss plans from: the host's copy when there is one (no device sync)."""
+        return f.labels if f.host_labels is None else f.host_labels
 
     def _part_loss(
         self, hidden: Tensor, f: Features, rows: slice, norms: LossNorms | None
@@ -290,7 +330,7 @@ class DrafterWorker:
         return dflash_loss(
             out.reshape(-1, b, out.shape[-1]),
             self.lm_head_weight,
-            f.labels[rows].reshape(-1, b),
+            self._plan_labels(f)[rows].reshape(-1, b),
             gamma=self.gamma,
             target_hidden=target_hidden,
             kl_weight=self.loss_config.kl_weight,

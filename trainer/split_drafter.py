@@ -140,6 +140,9 @@ class TargetRanks:
         self.trained.append(header.index)
         return features, header.index
 
+    def prefetch(self) -> None:
+        pass  # `next` already claimed the next batch, so its transfer overlaps the step
+
     def summarize(self, result: StepResult, *, asked: bool) -> StepSummary:
         """After the step: it counts as trained (the batch accounting), then the all-reduce."""
         self.session.store.add("trained", 1)

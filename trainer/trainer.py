@@ -8,7 +8,8 @@ Exact resume: a checkpoint holds the drafter, AdamW and schedule states, the dat
 seeded by (seed, epoch, index) and (seed, global batch index), so a resumed run repeats the
 uninterrupted run's losses, and a 1 + 1 split run repeats the colocated run's.
 
-Every step, in order: the source's features, the drafter's step, the step's summary (averaged
+Every step, in order: the source's features, the drafter's step (its kernels queued, then the
+next batch drawn on the host while they run, then its figures read), the step's summary (averaged
 over the drafters of a split run), the τ probe every `eval.every` steps (`trainer.probe`), the
 metrics row every `run.log_every` steps (and at probes and the last step), a checkpoint every
 `run.checkpoint_every` steps and at `run.steps`. Stopping (`trainer.stopping`): after a
@@ -187,7 +188,9 @@ class Trainer:
                 break
             profiler.before(self.step)
             features, index = self.source.next(self.step)
-            result = self.drafter_worker.train_step(features, index)
+            pending = self.drafter_worker.launch_step(features, index)
+            self.source.prefetch()  # the host draws the next batch while the device computes
+            result = pending.result()
             self.step += 1
             self._profiled(profiler.after(self.step))
             results.append(result)

@@ -170,3 +170,32 @@ def test_loss_next_to_compiled_attention():
     for got, want in zip(grads, ref_grads, strict=True):
         assert torch.isfinite(got).all()
         assert rel(got, want) < 5e-2
+
+
+def test_host_labels_plan_without_a_sync_and_give_the_same_loss():
+    """Labels on the CPU (the batch before it went to the GPU): the loss and its backward queue
+    their kernels without one device sync, and equal the loss planned from CUDA labels."""
+    hidden, weight, target, labels = make(64, 8, 256, 4096, dtype=torch.bfloat16, seed=3)
+    outs, grads = [], []
+    for lab in (labels, labels.cpu()):
+        h = hidden.clone().requires_grad_(True)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if lab.device.type == "cpu" else "default")
+        try:
+            out = dflash_loss(
+                h, weight, lab, gamma=4.0, target_hidden=target, kl_weight=0.15, chunk_rows=64
+            )
+            (out.loss * 3.7).backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        outs.append(torch.stack([out.loss, out.ce, out.kl, out.cap]))
+        grads.append(h.grad)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1])
+
+
+def test_grad_output_scales_a_bf16_gradient_in_float32_on_cuda():
+    hidden, weight, _, labels = make(32, 8, 128, 1024, dtype=torch.bfloat16, seed=4)
+    h1, h2 = (hidden.clone().requires_grad_(True) for _ in range(2))
+    dflash_loss(h1, weight, labels, gamma=4.0).loss.backward()
+    (dflash_loss(h2, weight, labels, gamma=4.0).loss * 3.7).backward()
+    assert torch.equal(h2.grad, (h1.grad.float() * 3.7).bfloat16())

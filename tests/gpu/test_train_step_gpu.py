@@ -150,3 +150,46 @@ def test_a_step_in_two_parts_is_the_whole_batch_step_on_cuda(tmp_path) -> None:
     assert split.grad_norm == pytest.approx(whole.grad_norm, rel=2e-2)
     assert split.slot_accuracy == pytest.approx(whole.slot_accuracy, abs=5e-3)
     torch.cuda.synchronize()
+
+
+def test_a_launched_step_waits_for_nothing_until_its_figures_are_read(tmp_path) -> None:
+    """`launch_step` queues the whole step (target features to optimizer step) without one
+    device sync, so the host can draw the next batch meanwhile; `result()` is the one wait.
+    The step equals the same step planned from CUDA labels (which must sync)."""
+    from dataclasses import replace
+
+    from trainer.attention import flex_kernels
+    from trainer.config import ModelConfig
+    from trainer.model import Drafter, shape_from_target
+    from trainer.pipeline import TargetWorker
+    from trainer.target import load_target
+
+    torch._dynamo.reset()
+    flex_kernels.cache_clear()
+    _target(tmp_path / "t")
+    device = torch.device("cuda")
+    target = load_target(tmp_path / "t", device=device, num_layers=3)
+    shape = shape_from_target(
+        target.config, ModelConfig(target="t", num_layers=2, block_size=16), num_features=3
+    )
+    producer = TargetWorker(target)
+    results = []
+    for host in (True, False):
+        torch.manual_seed(0)
+        drafter = Drafter(shape, attention_backend="auto").to(device)
+        worker = _worker(drafter, target, noise=0.05)
+        worker.train_step(producer.produce(_batch(500, 1)), 0)  # compiles
+        features = producer.produce(_batch(500, 2))
+        assert features.host_labels is not None and features.host_labels.device.type == "cpu"
+        if not host:
+            features = replace(features, host_labels=None)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if host else "default")
+        try:
+            pending = worker.launch_step(features, 1)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        results.append(pending.result())
+    assert results[0].loss == pytest.approx(results[1].loss, rel=1e-3)
+    assert results[0].grad_norm == pytest.approx(results[1].grad_norm, rel=1e-2)
+    assert math.isfinite(results[0].loss)

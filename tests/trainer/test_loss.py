@@ -157,6 +157,18 @@ def test_grad_output_scales_gradient():
     assert rel(h2.grad, -2.5 * h1.grad) < 1e-12
 
 
+def test_grad_output_scales_a_bf16_gradient_in_float32():
+    """The scale is a tensor (reading it would wait for the device) but is applied in float32,
+    never rounded to bf16 first (3.7 would become 3.703125)."""
+    hidden, weight, _, labels = make(seed=4, dtype=torch.bfloat16, n=6, b=4, d=16, v=48)
+    h1 = hidden.clone().requires_grad_(True)
+    h2 = hidden.clone().requires_grad_(True)
+    dflash_loss(h1, weight, labels, gamma=4.0).loss.backward()
+    (dflash_loss(h2, weight, labels, gamma=4.0).loss * 3.7).backward()
+    assert h2.grad.dtype == torch.bfloat16
+    assert torch.equal(h2.grad, (h1.grad.float() * torch.tensor(3.7)).bfloat16())
+
+
 def test_all_ignored_is_zero_with_a_gradient_path():
     hidden, weight, target, labels = make(seed=4)
     labels[:] = IGNORE_INDEX

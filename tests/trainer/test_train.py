@@ -163,3 +163,26 @@ def test_compiled_layers_train_like_eager_on_the_cpu(tmp_path, assets) -> None:
     for a, b in zip(eager, compiled, strict=True):
         assert abs(a.loss - b.loss) <= 1e-4 * abs(a.loss), (a.loss, b.loss)
     torch._dynamo.reset()
+
+
+def test_the_batch_drawn_ahead_is_not_counted_before_it_is_trained(tmp_path, assets) -> None:
+    """The host draws step n+1's batch while step n runs: the epoch note, the metrics' epochs
+    and the checkpoint's data position still follow the batches trained."""
+    lines: list[str] = []
+    cfg = tiny_config(assets, run={"steps": 12, "checkpoint_every": 0})
+    trainer = Trainer(cfg, tmp_path / "run", emit=lines.append)
+    per_epoch = len(trainer.source.stream.samples) // 4  # batch_size 4, the tail dropped
+    assert 2 <= per_epoch < 12
+    trainer.run(until=per_epoch)
+    assert trainer.state()["data_position"] == {"epoch": 0, "index": 4 * per_epoch}
+    assert not any("begins" in line for line in lines)
+    trainer.run(until=per_epoch + 1)
+    note = next(i for i, line in enumerate(lines) if "epoch 2 begins" in line)
+    assert lines[note - 1].startswith(f"step {per_epoch}/") and lines[note + 1].startswith(
+        f"step {per_epoch + 1}/"
+    )
+    assert trainer.state()["data_position"] == {"epoch": 1, "index": 4}
+    rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").open()]
+    samples = len(trainer.source.stream.samples)
+    assert rows[per_epoch - 1]["epochs"] == 4 * per_epoch / samples
+    assert rows[per_epoch]["epochs"] == 1 + 4 / samples
