@@ -182,9 +182,11 @@ class StepProfiler:
             f"{k['kind']:<20} {k['ms_per_step']:9.2f} ms  {100 * k['share']:5.1f} %"
             for k in report.kinds
         )
-        table.write_text(
-            f"{report.line()}\n\nkernels by kind, per step:\n{kinds}\n\n"
-            f"{averages.table(sort_by=sort, row_limit=40, max_name_column_width=90)}\n"
-        )
+        text = [report.line(), f"kernels by kind, per step:\n{kinds}"]
+        text.append(averages.table(sort_by=sort, row_limit=40, max_name_column_width=90))
+        if gpu:  # a step waiting on the host: which ops the host spends its time in
+            host = averages.table(sort_by="self_cpu_time_total", row_limit=25)
+            text.append(f"the host's side, ops by their own CPU time:\n{host}")
+        table.write_text("\n\n".join(text) + "\n")
         (self.folder / f"{stem}.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
         return report
