@@ -30,7 +30,8 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   status=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  for name in bench_attention bench_loss bench_eval bench_evaluate bench_pipeline bench_generate; do
+  for name in bench_attention bench_loss bench_eval bench_evaluate bench_pipeline bench_generate \
+    bench_train_loop; do
     # (bench_cli is CPU-only)
     b=bench/$name.py
     extra=()

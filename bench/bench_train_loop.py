@@ -1,0 +1,154 @@
+"""Tokens/s of the whole colocated training loop at the evaluation benchmark's shape.
+
+    python bench/bench_train_loop.py --out loop.json            # one GPU, about a minute
+    python bench/bench_train_loop.py --profile-steps 10         # and where those steps' time goes
+    python bench/bench_train_loop.py --smoke --out /tmp/l.json  # tiny, on the CPU
+
+The loop a user runs (`trainer.trainer.Trainer`: batches drawn on the host, the target's
+features, the drafter's step, the log), not the drafter step alone (`profile_drafter.py`): at a
+small drafter the host's share (drawing batches, launching kernels) decides the rate. The
+target is a random Qwen3 of `bench_eval.py`'s recipe (8 × 768, vocabulary 8,192), the data
+random token sequences of 200–256 tokens (the first 64 unsupervised), the drafter the
+benchmark's (4 layers, B = 8, 128 sequences × 64 anchors a step, KL and noise on). The first
+`--warmup` steps compile and are not timed; then `--steps` steps are timed end to end (tokens
+are the batches' real tokens). `--profile-steps N` records N more steps with `run.profile_steps`
+and adds their summary (wall and kernel time per step, kernels by kind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from bench.common import environment, sync, write
+
+FULL = {"hidden": 768, "layers": 8, "vocab": 8192, "batch": 128, "anchors": 64, "samples": 8192}
+SMOKE = {"hidden": 64, "layers": 4, "vocab": 512, "batch": 4, "anchors": 8, "samples": 64}
+
+
+def write_target(folder: Path, spec: dict[str, int]) -> None:
+    """A random Qwen3 shaped as `bench_eval.py` shapes its target."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    h = spec["hidden"]
+    cfg = Qwen3Config(
+        vocab_size=spec["vocab"],
+        hidden_size=h,
+        intermediate_size=int(h * 8 / 3) // 64 * 64,
+        num_hidden_layers=spec["layers"],
+        num_attention_heads=h // 64,
+        num_key_value_heads=max(1, h // 256),
+        head_dim=64,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(cfg).save_pretrained(str(folder))
+
+
+def write_data(path: Path, spec: dict[str, int]) -> None:
+    rng = random.Random(0)
+    with path.open("w") as f:
+        for _ in range(spec["samples"]):
+            n = rng.randrange(200, 257)
+            ids = [rng.randrange(1, spec["vocab"]) for _ in range(n)]
+            f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 64 + [1] * (n - 64)}) + "\n")
+
+
+def loop_config(work: Path, spec: dict[str, int], device: str, steps: int, profile: int) -> Any:
+    from trainer.config import config_from_dict
+
+    return config_from_dict(
+        {
+            "model": {"target": str(work / "target"), "num_layers": 4, "block_size": 8},
+            "data": {
+                "path": str(work / "data.jsonl"),
+                "batch_size": spec["batch"],
+                "max_len": 256,
+                "num_anchors": spec["anchors"],
+                "bucket": 128,
+                "noise": 0.02,
+            },
+            "optim": {"lr": 2e-3, "warmup_steps": 5},
+            "run": {
+                "steps": steps,
+                "device": device,
+                "checkpoint_every": 0,
+                "log_every": 10**9,
+                "profile_start": steps - profile,
+                "profile_steps": profile,
+                "tensorboard": False,
+            },
+        }
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=150, help="timed steps")
+    p.add_argument("--warmup", type=int, default=50, help="untimed steps first (compiles)")
+    p.add_argument("--profile-steps", type=int, default=0, help="then profile this many steps")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (a check)")
+    p.add_argument("--out", default=None, help="write the result as JSON")
+    args = p.parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        print("needs a CUDA GPU (use --smoke for a CPU check)", file=sys.stderr)
+        return 2
+    from trainer.trainer import Trainer
+
+    spec = SMOKE if args.smoke else FULL
+    device = torch.device("cpu" if args.smoke else "cuda")
+    total = args.warmup + args.steps + args.profile_steps
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        write_target(work / "target", spec)
+        write_data(work / "data.jsonl", spec)
+        config = loop_config(work, spec, device.type, total, args.profile_steps)
+        lines: list[str] = []
+        trainer = Trainer(config, work / "run", emit=lines.append)
+        first = trainer.run(until=args.warmup)
+        sync(device)
+        began = time.perf_counter()
+        timed = trainer.run(until=args.warmup + args.steps)
+        sync(device)
+        seconds = time.perf_counter() - began
+        trainer.run()
+        profiles = sorted((work / "run" / "profile").glob("*.json"))
+        profile = json.loads(profiles[0].read_text()) if profiles else None
+    tokens = sum(r.tokens for r in timed)
+    result = {
+        "shape": spec,
+        "drafter": {"layers": 4, "block_size": 8},
+        "env": environment(device),
+        "timed_steps": len(timed),
+        "ms_per_step": 1e3 * seconds / len(timed),
+        "tokens_per_s": tokens / seconds,
+        "loss_first": first[0].loss,
+        "loss_last": timed[-1].loss,
+        "profile": profile,
+    }
+    print(
+        f"{result['timed_steps']} steps: {result['ms_per_step']:.1f} ms a step, "
+        f"{result['tokens_per_s']:,.0f} tok/s (loss {result['loss_first']:.3f} → "
+        f"{result['loss_last']:.3f})"
+    )
+    if profile is not None:
+        print(next(line for line in lines if line.startswith("profile of steps")))
+    write(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
