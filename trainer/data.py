@@ -146,10 +146,11 @@ def anchor_candidates(loss_mask: Sequence[bool]) -> list[int]:
 
 
 def sample_anchors(
-    loss_mask: Sequence[bool], num_anchors: int, generator: torch.Generator
+    loss_mask: Sequence[bool] | torch.Tensor, num_anchors: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Up to `num_anchors` sorted anchors, padded with invalid ones → (N,) long, (N,) bool."""
-    cand = torch.tensor(anchor_candidates(loss_mask), dtype=torch.long)
+    mask = torch.as_tensor(loss_mask, dtype=torch.bool)
+    cand = (mask[:-1] & mask[1:]).nonzero().flatten()  # `anchor_candidates`, in order
     if len(cand) > num_anchors:
         pick = torch.randperm(len(cand), generator=generator)[:num_anchors]
         cand = cand[pick].sort().values
@@ -161,23 +162,21 @@ def sample_anchors(
 
 
 def block_labels(
-    input_ids: Sequence[int],
-    loss_mask: Sequence[bool],
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
     anchors: torch.Tensor,
     valid: torch.Tensor,
     block_size: int,
 ) -> torch.Tensor:
-    """labels[n, k] = input_ids[anchors[n] + k] for k ≥ 1 where that position exists and is
-    supervised; IGNORE elsewhere (slot 0, invalid blocks) → (N, B) long."""
-    ids = torch.tensor(list(input_ids), dtype=torch.long)  # (L,)
-    sup = torch.tensor(list(loss_mask), dtype=torch.bool)  # (L,)
-    length = len(ids)
-    pos = anchors[:, None] + torch.arange(block_size)[None, :]  # (N, B)
-    inside = pos < length
-    safe = pos.clamp(max=max(length - 1, 0))
-    keep = inside & sup[safe] & valid[:, None]
-    keep[:, 0] = False
-    return torch.where(keep, ids[safe], torch.full_like(safe, IGNORE))
+    """labels[i, n, k] = input_ids[i, anchors[i, n] + k] for k ≥ 1 where that position exists
+    and is supervised; IGNORE elsewhere (slot 0, invalid blocks, padding: `loss_mask` false
+    there) → (Bsz, N, B) long. input_ids, loss_mask (Bsz, S); anchors, valid (Bsz, N)."""
+    bsz, seq = input_ids.shape
+    pos = anchors[:, :, None] + torch.arange(block_size)  # (Bsz, N, B)
+    safe = pos.clamp(max=seq - 1).view(bsz, -1)
+    keep = (pos < seq) & loss_mask.gather(1, safe).view(pos.shape) & valid[:, :, None]
+    keep[:, :, 0] = False
+    return torch.where(keep, input_ids.gather(1, safe).view(pos.shape), IGNORE)
 
 
 def bucket_length(length: int, bucket: int) -> int:
@@ -196,15 +195,19 @@ def collate(
     """Pad to one bucketed length, draw anchors (one generator per sample), build labels."""
     seq = bucket_length(max(len(s.input_ids) for s in samples), bucket)
     ids = torch.full((len(samples), seq), pad_token_id, dtype=torch.long)
-    anchors, valid, labels = [], [], []
+    supervised = torch.zeros((len(samples), seq), dtype=torch.bool)  # false on the padding
+    anchors, valid = [], []
     for i, (s, gen) in enumerate(zip(samples, generators, strict=True)):
-        ids[i, : len(s.input_ids)] = torch.tensor(s.input_ids, dtype=torch.long)
-        a, v = sample_anchors(s.loss_mask, num_anchors, gen)
+        n = len(s.input_ids)
+        ids[i, :n] = torch.as_tensor(s.input_ids, dtype=torch.long)
+        supervised[i, :n] = torch.as_tensor(s.loss_mask, dtype=torch.bool)
+        a, v = sample_anchors(supervised[i, :n], num_anchors, gen)
         anchors.append(a)
         valid.append(v)
-        labels.append(block_labels(s.input_ids, s.loss_mask, a, v, block_size))
     lengths = torch.tensor([len(s.input_ids) for s in samples], dtype=torch.long)
-    return Batch(ids, lengths, torch.stack(anchors), torch.stack(valid), torch.stack(labels))
+    anchor_t, valid_t = torch.stack(anchors), torch.stack(valid)
+    labels = block_labels(ids, supervised, anchor_t, valid_t, block_size)
+    return Batch(ids, lengths, anchor_t, valid_t, labels)
 
 
 @dataclass(frozen=True)

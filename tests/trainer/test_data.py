@@ -32,19 +32,63 @@ def test_anchor_candidates_need_next_supervised() -> None:
 
 
 def test_labels_slot_k_predicts_token_at_anchor_plus_k() -> None:
-    ids = [100 + i for i in range(10)]  # token at position i is 100 + i
-    mask = [False, False, True, True, True, True, False, True, True, True]
-    anchors = torch.tensor([2, 7, 0])
-    valid = torch.tensor([True, True, False])
+    ids = torch.tensor([[100 + i for i in range(10)]])  # token at position i is 100 + i
+    mask = torch.tensor([[False, False, True, True, True, True, False, True, True, True]])
+    anchors = torch.tensor([[2, 7, 0]])
+    valid = torch.tensor([[True, True, False]])
     labels = block_labels(ids, mask, anchors, valid, block_size=4)
     assert labels.tolist() == [
-        [IGNORE, 103, 104, 105],  # block at 2: slot k → x_{2+k}; all supervised
-        [IGNORE, 108, 109, IGNORE],  # block at 7: position 10 is past the end
-        [IGNORE] * 4,  # invalid block
+        [
+            [IGNORE, 103, 104, 105],  # block at 2: slot k → x_{2+k}; all supervised
+            [IGNORE, 108, 109, IGNORE],  # block at 7: position 10 is past the end
+            [IGNORE] * 4,  # invalid block
+        ]
     ]
     # a supervision hole inside a block is ignored, the rest kept
-    labels = block_labels(ids, mask, torch.tensor([4]), torch.tensor([True]), block_size=4)
-    assert labels.tolist() == [[IGNORE, 105, IGNORE, 107]]
+    labels = block_labels(ids, mask, torch.tensor([[4]]), torch.tensor([[True]]), block_size=4)
+    assert labels.tolist() == [[[IGNORE, 105, IGNORE, 107]]]
+
+
+def test_collate_equals_labels_and_anchors_written_out_per_sample() -> None:
+    """Random lengths, supervision holes and padding: every batch field equals the definition
+    applied to each sample on its own (anchors among p with p and p+1 supervised, drawn by the
+    sample's generator; slot k ≥ 1 labels x_{p+k} where it exists and is supervised)."""
+    rng = torch.Generator().manual_seed(0)
+    samples = []
+    for _ in range(6):
+        n = int(torch.randint(3, 90, (1,), generator=rng))  # the batch is padded to 96
+        ids = torch.randint(0, 500, (n,), generator=rng).tolist()
+        mask = (torch.rand(n, generator=rng) < 0.8).tolist()
+        samples.append(Sample(ids, mask))
+    samples.append(Sample(list(range(96)), [True] * 96))  # fills its bucket: blocks run off the end
+    block, anchors_n = 5, 12
+    batch = collate(
+        samples,
+        block_size=block,
+        num_anchors=anchors_n,
+        bucket=32,
+        pad_token_id=7,
+        generators=[torch.Generator().manual_seed(40 + i) for i in range(len(samples))],
+    )
+    for i, s in enumerate(samples):
+        cand = anchor_candidates(s.loss_mask)
+        gen = torch.Generator().manual_seed(40 + i)
+        if len(cand) > anchors_n:
+            pick = torch.randperm(len(cand), generator=gen)[:anchors_n].tolist()
+            cand = sorted(cand[j] for j in pick)
+        assert batch.valid[i].tolist() == [j < len(cand) for j in range(anchors_n)]
+        assert batch.anchors[i].tolist() == cand + [0] * (anchors_n - len(cand))
+        for n_, p in enumerate(cand):
+            want = [
+                s.input_ids[p + k]
+                if k >= 1 and p + k < len(s.input_ids) and s.loss_mask[p + k]
+                else IGNORE
+                for k in range(block)
+            ]
+            assert batch.labels[i, n_].tolist() == want
+        assert (batch.labels[i, len(cand) :] == IGNORE).all()
+        assert batch.input_ids[i, : len(s.input_ids)].tolist() == s.input_ids
+        assert (batch.input_ids[i, len(s.input_ids) :] == 7).all()
 
 
 def test_sample_anchors_sorted_padded_and_capped() -> None:
