@@ -444,7 +444,8 @@ def dflash_loss(
     `chunk_rows` is rounded down to whole blocks (at least one); None picks it from the
     vocabulary size (`default_chunk_rows`). `kernels` picks the per-chunk functions
     ("eager", "compiled", "triton"; default `default_kernels`). `norms`: the whole batch's
-    (`loss_norms`) when these rows are a part of it.
+    (`loss_norms`) when these rows are a part of it. `labels` may stay on the CPU while `hidden`
+    is on a GPU: the loss then plans its chunks on the host and never waits for the device.
     """
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be (N, B, D), got {tuple(hidden.shape)}")
