@@ -68,6 +68,24 @@ def _worker(drafter, target, **settings):  # type: ignore[no-untyped-def]
     )
 
 
+def _fresh_target_and_shape(folder):  # type: ignore[no-untyped-def]
+    """The small target loaded on CUDA (3 feature layers) and a 2-layer drafter's shape for it,
+    with dynamo's and the kernels' caches cleared first."""
+    from trainer.attention import flex_kernels
+    from trainer.config import ModelConfig
+    from trainer.model import shape_from_target
+    from trainer.target import load_target
+
+    torch._dynamo.reset()
+    flex_kernels.cache_clear()
+    _target(folder / "t")
+    target = load_target(folder / "t", device=torch.device("cuda"), num_layers=3)
+    shape = shape_from_target(
+        target.config, ModelConfig(target="t", num_layers=2, block_size=16), num_features=3
+    )
+    return target, shape
+
+
 def test_full_training_step_compiled_flex_and_chunked_loss(tmp_path) -> None:
     from torch._dynamo.utils import counters
 
@@ -124,20 +142,11 @@ def test_a_step_in_two_parts_is_the_whole_batch_step_on_cuda(tmp_path) -> None:
     """`data.micro_batches` on the compiled path: one sequence per part, gradients accumulated,
     one optimizer step. Loss, gradient norm and slot accuracy equal the whole batch's step
     within bf16 rounding (the CPU tests hold it, and the weights after the step, in float64)."""
-    from trainer.attention import flex_kernels
-    from trainer.config import ModelConfig
-    from trainer.model import Drafter, shape_from_target
+    from trainer.model import Drafter
     from trainer.pipeline import TargetWorker
-    from trainer.target import load_target
 
-    torch._dynamo.reset()
-    flex_kernels.cache_clear()
-    _target(tmp_path / "t")
     device = torch.device("cuda")
-    target = load_target(tmp_path / "t", device=device, num_layers=3)
-    shape = shape_from_target(
-        target.config, ModelConfig(target="t", num_layers=2, block_size=16), num_features=3
-    )
+    target, shape = _fresh_target_and_shape(tmp_path)
     features = TargetWorker(target).produce(_batch(500, 1))
     results = []
     for parts in (1, 2):
@@ -158,20 +167,11 @@ def test_a_launched_step_waits_for_nothing_until_its_figures_are_read(tmp_path) 
     The step equals the same step planned from CUDA labels (which must sync)."""
     from dataclasses import replace
 
-    from trainer.attention import flex_kernels
-    from trainer.config import ModelConfig
-    from trainer.model import Drafter, shape_from_target
+    from trainer.model import Drafter
     from trainer.pipeline import TargetWorker
-    from trainer.target import load_target
 
-    torch._dynamo.reset()
-    flex_kernels.cache_clear()
-    _target(tmp_path / "t")
     device = torch.device("cuda")
-    target = load_target(tmp_path / "t", device=device, num_layers=3)
-    shape = shape_from_target(
-        target.config, ModelConfig(target="t", num_layers=2, block_size=16), num_features=3
-    )
+    target, shape = _fresh_target_and_shape(tmp_path)
     producer = TargetWorker(target)
     results = []
     for host in (True, False):
