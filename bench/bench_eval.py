@@ -179,6 +179,29 @@ def windows(stream: torch.Tensor, count: int, length: int, *, seed: int) -> torc
 # ---- the target --------------------------------------------------------------------------------
 
 
+def target_config(
+    hidden: int, layers: int, vocab: int, *, pad_token_id: int, eos_token_id: int | None = None
+) -> Any:
+    """The benchmark's target shape: a Qwen3 of `layers` × `hidden` with heads of 64, a quarter
+    of them for keys and values, and an MLP of 8/3 × hidden."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(hidden * 8 / 3) // 64 * 64,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 256),
+        head_dim=64,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+    )
+
+
 def train_target(
     stream: torch.Tensor, tokenizer: Any, args: argparse.Namespace, device: torch.device
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
@@ -186,22 +209,14 @@ def train_target(
     `args.target_seconds` when that is 0 (AdamW, bf16 autocast on CUDA, warmup then cosine over
     the steps or the time). A step count gives the same target on every run and GPU; a time
     budget does not (its step count moves with the machine's speed and load)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
-    h = args.target_hidden
-    cfg = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=h,
-        intermediate_size=int(h * 8 / 3) // 64 * 64,
-        num_hidden_layers=args.target_layers,
-        num_attention_heads=h // 64,
-        num_key_value_heads=max(1, h // 256),
-        head_dim=64,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
+    cfg = target_config(
+        args.target_hidden,
+        args.target_layers,
+        len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
     )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to(device).train()

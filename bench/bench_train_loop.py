@@ -39,21 +39,11 @@ SMOKE = {"hidden": 64, "layers": 4, "vocab": 512, "batch": 4, "anchors": 8, "sam
 
 def write_target(folder: Path, spec: dict[str, int]) -> None:
     """A random Qwen3 shaped as `bench_eval.py` shapes its target."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
-    h = spec["hidden"]
-    cfg = Qwen3Config(
-        vocab_size=spec["vocab"],
-        hidden_size=h,
-        intermediate_size=int(h * 8 / 3) // 64 * 64,
-        num_hidden_layers=spec["layers"],
-        num_attention_heads=h // 64,
-        num_key_value_heads=max(1, h // 256),
-        head_dim=64,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-    )
+    from bench.bench_eval import target_config
+
+    cfg = target_config(spec["hidden"], spec["layers"], spec["vocab"], pad_token_id=0)
     torch.manual_seed(0)
     Qwen3ForCausalLM(cfg).save_pretrained(str(folder))
 
