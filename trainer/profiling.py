@@ -16,7 +16,7 @@ import json
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,6 @@ class ProfileReport:
     kinds: list[dict[str, Any]]
     table: str  # path of the kernel table
     trace: str  # path of the Chrome trace
-    write_s: float = 0.0  # seconds spent writing the files
 
     @property
     def busy(self) -> float:
@@ -149,9 +148,7 @@ class StepProfiler:
         steps = done - self._first + 1
         if steps < 1:
             return None
-        began = time.perf_counter()
-        report = self._write(prof, steps, wall / steps, done)
-        return replace(report, write_s=time.perf_counter() - began)
+        return self._write(prof, steps, wall / steps, done)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

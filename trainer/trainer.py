@@ -192,7 +192,7 @@ class Trainer:
             self.source.prefetch()  # the host draws the next batch while the device computes
             result = pending.result()
             self.step += 1
-            self._profiled(profiler.after(self.step))
+            self._profiled(profiler.after)
             results.append(result)
             summary = self.source.summarize(result, asked=self._asked())
             self.rate.count(summary.tokens)
@@ -204,7 +204,7 @@ class Trainer:
             if stopping:
                 self._stopped(saved)
                 break
-        self._profiled(profiler.finish(self.step))
+        self._profiled(profiler.finish)
         self.summary = self.source.finish(self.step, self.drafter_worker.drafter)
         return results
 
@@ -222,11 +222,14 @@ class Trainer:
             name="" if rank is None else f"rank{rank}-",
         )
 
-    def _profiled(self, report: ProfileReport | None) -> None:
-        """Says where the recorded steps' time went; writing the trace is not training."""
+    def _profiled(self, stop_recording: Callable[[int], ProfileReport | None]) -> None:
+        """Ends the profiler's window if it is due (`after`) or the loop is over (`finish`) and
+        says where the recorded steps' time went; writing the files is not training."""
+        began = time.perf_counter()
+        report = stop_recording(self.step)
         if report is None:
             return
-        self.rate.exclude(report.write_s)
+        self.rate.exclude(time.perf_counter() - began)
         self.emit(report.line())
 
     def _asked(self) -> bool:
