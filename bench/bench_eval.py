@@ -860,7 +860,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--samples",
         type=sample_counts,
-        default=[2048, 20480, 131072],
+        default=[2048, 20480, 262144],
         help="training samples of each drafter point, comma-separated (e.g. 2048,20480)",
     )
     p.add_argument(

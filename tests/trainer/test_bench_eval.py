@@ -217,17 +217,17 @@ def test_points_train_three_epochs_or_the_steps_given() -> None:
     from bench.bench_eval import parse_args, point_plan
 
     default = parse_args([])
-    assert default.samples == [2048, 20480, 131072]
-    assert point_plan(default, 10**6) == {2048: 600, 20480: 600, 131072: 3072}
+    assert default.samples == [2048, 20480, 262144]
+    assert point_plan(default, 10**6) == {2048: 600, 20480: 600, 262144: 6144}
     assert point_plan(default, 50_000) == {2048: 600, 20480: 600, 50_000: 1172}  # all there are
     assert point_plan(default, 2000) == {2000: 600}  # every count past the data: one point
     given = parse_args(["--samples", "20480,2048", "--drafter-steps", "100,900"])
     assert point_plan(given, 10**6) == {2048: 100, 20480: 900}  # smallest point first
     assert point_plan(parse_args(["--drafter-steps", "50"]), 10**6) == dict.fromkeys(
-        [2048, 20480, 131072], 50
+        [2048, 20480, 262144], 50
     )
     assert point_plan(parse_args(["--drafter-steps", "0"]), 10**6) == dict.fromkeys(
-        [2048, 20480, 131072], 0
+        [2048, 20480, 262144], 0
     )  # from the time budget
     for steps in ("100,200", "0,5,5", "x"):
         with pytest.raises(SystemExit) as refused:
