@@ -33,8 +33,8 @@ GPU run, in order:
 5. prompt lookup (n-gram drafting, n = `--lookup-max-n`…1) on the held-out prompts, once (the
    target is fixed), with the target in fp32 (so that the lossless check is not at the mercy of
    bf16 rounding between forwards of different lengths);
-6. each point's steps: by default 3 epochs of its samples and at least 600 (600, 600 and 3,072
-   for the default 2,048, 20,480 and 131,072 samples; fewer where the windows drawn hold fewer
+6. each point's steps: by default 3 epochs of its samples and at least 600 (600, 600 and 6,144
+   for the default 2,048, 20,480 and 262,144 samples; fewer where the windows drawn hold fewer
    distinct prompts), the same on every GPU; `--drafter-steps`
    gives one count for all points or one per point; with `--drafter-steps 0`, as many as fit
    `--drafter-seconds`, from the step time of a short run of the same drafter;
