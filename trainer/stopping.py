@@ -8,7 +8,11 @@ that step, logs `stopped at step N, checkpoint saved to …` and returns; the en
 A second signal raises `KeyboardInterrupt` at once (a checkpoint write it interrupts removes its
 temp folder, so only complete checkpoints stay): the user, or the stop timeout, still wins.
 Before the loop has started (`begin`) there is nothing to save, so the first signal already
-ends the process: a stop right after a deploy does not wait for the target to load.
+ends the process: a stop right after a deploy does not wait for the target to load. It ends
+there and then (`os._exit(130)`) rather than raising `KeyboardInterrupt` into whatever is
+loading: torch's C module imports numpy and clears any error of that import, the interrupt
+included, so a stop landing there was lost (the run trained on) or left numpy half-imported (a
+crash a moment later).
 
 Split runs: torchrun forwards the signal to every worker (each in its own session); the ranks
 agree on the step through the drafters' per-step all-reduce and the control store
@@ -18,12 +22,14 @@ agree on the step through the drafters' per-step all-reduce and the control stor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 # Where `python -m trainer.launcher` (torchrun that exits 0 after a graceful stop) wants the
 # stopping rank to write its "stopped" record; unset outside that launcher.
@@ -72,10 +78,26 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if not self.begun:
-            raise KeyboardInterrupt
+            _end_before_training(signal.Signals(signum).name)
         if not self.request(signal.Signals(signum).name):
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
+
+
+def _end_before_training(name: str) -> NoReturn:
+    """Exit 130 at once, with nothing to unwind: no library code between here and the exit can
+    catch the stop. The streams are flushed first; the message goes straight to fd 2, since the
+    signal may have landed inside a write to `sys.stderr`."""
+    for stream in (sys.stdout, sys.stderr):
+        # closed, or in the middle of the write the signal cut into
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            stream.flush()
+    os.write(
+        2,
+        f"{name} received before the first step: nothing to save; interrupted (exit 130), "
+        "start again with the same --out to train\n".encode(),
+    )
+    os._exit(130)
 
 
 def write_record(text: str) -> None:

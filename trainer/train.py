@@ -17,7 +17,8 @@ it), and one with another lr schedule (e.g. a raised `run.steps`) unless `--set 
 A run whose checkpoint is already at `run.steps` says there is nothing left to do and exits 0.
 
 SIGINT or SIGTERM: the current step finishes, a checkpoint is saved, exit 0
-("stopped at step N, checkpoint saved to …"); a second signal ends it at once (exit 130).
+("stopped at step N, checkpoint saved to …"); a second signal ends it at once (exit 130), as
+does the first one before the first step (nothing to save; `trainer.stopping`).
 Settings reference: docs/training.md.
 """
 

@@ -220,14 +220,56 @@ def test_split_stop_two_drafters_agree_on_the_step(tmp_path, split_assets) -> No
 
 
 def test_a_stop_before_the_first_step_ends_at_once(tmp_path, assets) -> None:  # noqa: F811
-    """Nothing is trained yet (torch and the target still load): nothing to save, no waiting."""
+    """Nothing is trained yet (torch and the target still load): nothing to save, no waiting.
+    The signal lands at moments spread over the start-up (imports, the target's load), one run
+    each: every one ends at once with 130, no traceback and nothing written. (Raised as
+    `KeyboardInterrupt` into the imports, a stop was sometimes lost inside torch's import of
+    numpy and the run trained on, or left numpy half-imported and crashed.)"""
     cfg = write_toml(tmp_path / "c.toml", assets)
-    out = tmp_path / "run"
-    proc = train(cfg, out, "--set", "run.steps=100000")
-    time.sleep(1.5)  # past the handler's installation (before torch is imported)
-    assert proc.poll() is None and not (out / "metrics.jsonl").exists()
-    proc.send_signal(signal.SIGINT)
-    log = finish(proc, 30)
-    assert proc.returncode == 130, log[-3000:]
-    assert "interrupted" in log and "Traceback" not in log
-    assert find_resumable(out).path is None
+    calibrate = train(cfg, tmp_path / "calibrate", "--set", "run.steps=100000")
+    started = time.monotonic()
+    wait_for_rows(calibrate, tmp_path / "calibrate", 1)
+    first_row = time.monotonic() - started  # training began before this
+    calibrate.send_signal(signal.SIGINT)
+    finish(calibrate, 60)
+    moments = [0.4 + i * (0.6 * first_row - 0.4) / 9 for i in range(10)]
+    for i, moment in enumerate(moments):
+        out = tmp_path / f"run-{i}"
+        proc = train(cfg, out, "--set", "run.steps=100000")
+        time.sleep(moment)  # the handler is installed in ~0.1 s, before torch is imported
+        assert proc.poll() is None and not (out / "metrics.jsonl").exists()
+        proc.send_signal(signal.SIGINT)
+        log = finish(proc, 15)
+        where = f"SIGINT {moment:.2f} s after the start:\n{log[-3000:]}"
+        assert proc.returncode == 130, where
+        assert "interrupted" in log and "Traceback" not in log, where
+        assert not (out / "metrics.jsonl").exists() and find_resumable(out).path is None, where
+
+
+SWALLOWING_IMPORT = """
+import os, signal, sys
+from trainer.stopping import StopRequest
+
+StopRequest().install()
+try:  # what torch's C module does with its import of numpy: any error of it is cleared
+    os.kill(os.getpid(), signal.SIGINT)
+    sum(range(10_000))  # the handler runs between these bytecodes
+except BaseException:
+    pass
+print("went on after the stop", flush=True)
+"""
+
+
+def test_a_stop_before_the_first_step_is_not_lost_in_a_library_that_catches_everything() -> None:
+    """Before training begins the first signal ends the process there and then: a library
+    that catches every exception around the moment it lands cannot swallow it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SWALLOWING_IMPORT],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 130, proc.stdout + proc.stderr
+    assert "went on" not in proc.stdout
+    assert "SIGINT received before the first step: nothing to save" in proc.stderr
