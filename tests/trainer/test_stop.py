@@ -225,7 +225,10 @@ def test_a_stop_before_the_first_step_ends_at_once(tmp_path, assets) -> None:  #
     each: every one ends at once with 130, no traceback and nothing written. (Raised as
     `KeyboardInterrupt` into the imports, a stop was sometimes lost inside torch's import of
     numpy and the run trained on, or left numpy half-imported and crashed.)"""
+    from trainer.demo import ensure_demo_assets
+
     cfg = write_toml(tmp_path / "c.toml", assets)
+    ensure_demo_assets(assets, load_config(cfg, []).demo)  # built now, not inside a timed run
     calibrate = train(cfg, tmp_path / "calibrate", "--set", "run.steps=100000")
     started = time.monotonic()
     wait_for_rows(calibrate, tmp_path / "calibrate", 1)
