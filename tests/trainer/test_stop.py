@@ -221,8 +221,8 @@ def test_split_stop_two_drafters_agree_on_the_step(tmp_path, split_assets) -> No
 
 def test_a_stop_before_the_first_step_ends_at_once(tmp_path, assets) -> None:  # noqa: F811
     """Nothing is trained yet (torch and the target still load): nothing to save, no waiting.
-    The signal lands at moments spread over the start-up (imports, the target's load), one run
-    each: every one ends at once with 130, no traceback and nothing written. (Raised as
+    The signal lands at moments spread over the start-up's first half (imports), one run each:
+    every one ends at once with 130, no traceback and nothing written. (Raised as
     `KeyboardInterrupt` into the imports, a stop was sometimes lost inside torch's import of
     numpy and the run trained on, or left numpy half-imported and crashed.)"""
     from trainer.demo import ensure_demo_assets
@@ -230,23 +230,35 @@ def test_a_stop_before_the_first_step_ends_at_once(tmp_path, assets) -> None:  #
     cfg = write_toml(tmp_path / "c.toml", assets)
     ensure_demo_assets(assets, load_config(cfg, []).demo)  # built now, not inside a timed run
     calibrate = train(cfg, tmp_path / "calibrate", "--set", "run.steps=100000")
-    started = time.monotonic()
+    installed = handlers_installed(calibrate)
     wait_for_rows(calibrate, tmp_path / "calibrate", 1)
-    first_row = time.monotonic() - started  # training began before this
+    first_row = time.monotonic() - installed  # training began before this
     calibrate.send_signal(signal.SIGINT)
     finish(calibrate, 60)
-    moments = [0.4 + i * (0.6 * first_row - 0.4) / 9 for i in range(10)]
-    for i, moment in enumerate(moments):
+    for i in range(12):  # most of them while torch imports (the first half of the start-up)
+        moment = i * 0.45 * first_row / 11  # from the handler's installation on
         out = tmp_path / f"run-{i}"
         proc = train(cfg, out, "--set", "run.steps=100000")
-        time.sleep(moment)  # the handler is installed in ~0.1 s, before torch is imported
+        time.sleep(max(0.0, handlers_installed(proc) + moment - time.monotonic()))
         assert proc.poll() is None and not (out / "metrics.jsonl").exists()
         proc.send_signal(signal.SIGINT)
         log = finish(proc, 15)
-        where = f"SIGINT {moment:.2f} s after the start:\n{log[-3000:]}"
+        where = f"SIGINT {moment:.2f} s after the handler's installation:\n{log[-3000:]}"
         assert proc.returncode == 130, where
         assert "interrupted" in log and "Traceback" not in log, where
         assert not (out / "metrics.jsonl").exists() and find_resumable(out).path is None, where
+
+
+def handlers_installed(proc: subprocess.Popen[str], timeout: float = 30) -> float:
+    """The moment `StopRequest.install()` has run in `proc`: it catches SIGTERM, which Python
+    leaves at its default, so SIGTERM's bit turns up in the process's caught-signals mask."""
+    status, end = Path(f"/proc/{proc.pid}/status"), time.monotonic() + timeout
+    while True:
+        caught = next(x for x in status.read_text().splitlines() if x.startswith("SigCgt:"))
+        if int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1:
+            return time.monotonic()
+        assert proc.poll() is None and time.monotonic() < end, "no signal handler installed"
+        time.sleep(0.005)
 
 
 SWALLOWING_IMPORT = """
