@@ -27,6 +27,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -37,7 +38,7 @@ RECORD_ENV = "DFLASH_STOP_RECORD"
 
 
 class StopRequest:
-    """The stop flag of one process; `install()` routes SIGINT/SIGTERM to it (main thread)."""
+    """The stop flag of one process; `handling()` routes SIGINT/SIGTERM to it (main thread)."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
@@ -69,12 +70,21 @@ class StopRequest:
         )
         return True
 
-    def install(
+    @contextlib.contextmanager
+    def handling(
         self, signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
-    ) -> None:
-        """Handle `signals` in this (the main) thread: first → `request`, second → interrupt."""
+    ) -> Iterator[StopRequest]:
+        """Handle `signals` in this (the main) thread while the block runs: first → `request`,
+        second → interrupt; the handlers before it are back afterwards (an in-process caller
+        keeps its own Ctrl-C)."""
+        before = {sig: signal.getsignal(sig) for sig in signals}
         for sig in signals:
             signal.signal(sig, self._handle)
+        try:
+            yield self
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if not self.begun:

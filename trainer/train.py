@@ -65,12 +65,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
     split = int(os.environ.get("WORLD_SIZE", "1")) > 1  # under torchrun: trainer.split
     force = args.force_resume or os.environ.get(FORCE_RESUME_ENV, "") == "1"
-    stop = StopRequest()
     if split:  # taken by a watchdog thread (trainer.distributed); block before torch starts threads
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        stop.install((signal.SIGINT,))
-    else:
-        stop.install()
+    signals = (signal.SIGINT,) if split else (signal.SIGINT, signal.SIGTERM)
+    with StopRequest().handling(signals) as stop:
+        return _train(args, split=split, force=force, stop=stop)
+
+
+def _train(args: argparse.Namespace, *, split: bool, force: bool, stop: StopRequest) -> int:
+    """Check, then train colocated or as this rank of a split run; the exit code."""
     try:
         config = load_config(args.config, args.overrides)  # fails fast, before torch loads
         if not preflight(config):  # the target folder and the data, before the target loads

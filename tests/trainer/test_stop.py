@@ -250,7 +250,7 @@ def test_a_stop_before_the_first_step_ends_at_once(tmp_path, assets) -> None:  #
 
 
 def handlers_installed(proc: subprocess.Popen[str], timeout: float = 30) -> float:
-    """The moment `StopRequest.install()` has run in `proc`: it catches SIGTERM, which Python
+    """The moment `StopRequest.handling()` has begun in `proc`: it catches SIGTERM, which Python
     leaves at its default, so SIGTERM's bit turns up in the process's caught-signals mask."""
     status, end = Path(f"/proc/{proc.pid}/status"), time.monotonic() + timeout
     while True:
@@ -265,13 +265,13 @@ SWALLOWING_IMPORT = """
 import os, signal, sys
 from trainer.stopping import StopRequest
 
-StopRequest().install()
-try:  # what torch's C module does with its import of numpy: any error of it is cleared
-    os.kill(os.getpid(), signal.SIGINT)
-    sum(range(10_000))  # the handler runs between these bytecodes
-except BaseException:
-    pass
-print("went on after the stop", flush=True)
+with StopRequest().handling():
+    try:  # what torch's C module does with its import of numpy: any error of it is cleared
+        os.kill(os.getpid(), signal.SIGINT)
+        sum(range(10_000))  # the handler runs between these bytecodes
+    except BaseException:
+        pass
+    print("went on after the stop", flush=True)
 """
 
 
@@ -288,3 +288,14 @@ def test_a_stop_before_the_first_step_is_not_lost_in_a_library_that_catches_ever
     assert proc.returncode == 130, proc.stdout + proc.stderr
     assert "went on" not in proc.stdout
     assert "SIGINT received before the first step: nothing to save" in proc.stderr
+
+
+def test_a_run_in_process_gives_the_callers_signal_handlers_back(tmp_path, assets) -> None:  # noqa: F811
+    """`trainer.train.main` called in a process of its own caller (a notebook, a test) handles
+    SIGINT/SIGTERM only while it runs: after it, Ctrl-C is the caller's again."""
+    from trainer.train import main
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    cfg = write_toml(tmp_path / "c.toml", assets)
+    assert main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--set", "run.steps=2"]) == 0
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
