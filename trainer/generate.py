@@ -33,9 +33,11 @@ from typing import Any
 
 from trainer import prompt_file
 from trainer.config import TrainConfig, load_config
-from trainer.decode import ENGINES
 from trainer.errors import TrainerError
-from trainer.shards import MANIFEST
+from trainer.stopping import ending_at_once
+
+# No torch at import: `main` sets its signal handlers first, then the heavy modules load.
+INTERRUPTED = "finished shards are kept: run the same command to resume"
 
 log = logging.getLogger("trainer.generate")
 
@@ -83,6 +85,8 @@ class GenerateSettings:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from trainer.decode import ENGINES
+
     p = argparse.ArgumentParser(
         prog="python -m trainer.generate", description=__doc__.split("\n")[0]
     )
@@ -179,6 +183,8 @@ KEYS_THAT_MATTER = (
 
 def check_resume(out: Path, planned: dict[str, Any]) -> dict[str, Any] | None:
     """The manifest already in `out`, refused when it differs in what the shards depend on."""
+    from trainer.shards import MANIFEST
+
     path = out / MANIFEST
     if not path.is_file():
         return None
@@ -220,24 +226,27 @@ def resolve(config: TrainConfig, out: Path, *, rank: int) -> TrainConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
-    try:
-        run(args)
-    except TrainerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(
-            "interrupted; finished shards are kept: run the same command to resume", file=sys.stderr
-        )
-        return 130
-    return 0
+    """The exit code: 0 done, 2 refused (one `error:` line), 130 interrupted. SIGINT or SIGTERM
+    end the process at once at any moment, its imports included (`ending_at_once`): a shard
+    is written whole or not at all, so nothing is lost and the same command resumes."""
+    with ending_at_once(f"interrupted; {INTERRUPTED}"):
+        args = parse_args(argv)
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
+        try:
+            run(args)
+        except TrainerError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:  # off the main thread, where no handler could be set
+            print(f"interrupted; {INTERRUPTED}", file=sys.stderr)
+            return 130
+        return 0
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Steps 1–5 of the module docstring on this rank; returns this rank's summary."""
     from trainer.generate_worker import Worker, world_from_env
+    from trainer.shards import MANIFEST
 
     out = Path(args.out)
     settings = settings_of(args)

@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -74,39 +74,69 @@ class StopRequest:
     def handling(
         self, signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
     ) -> Iterator[StopRequest]:
-        """Handle `signals` in this (the main) thread while the block runs: first → `request`,
-        second → interrupt; the handlers before it are back afterwards (an in-process caller
-        keeps its own Ctrl-C)."""
-        before = {sig: signal.getsignal(sig) for sig in signals}
-        for sig in signals:
-            signal.signal(sig, self._handle)
-        try:
+        """Handle `signals` in this (the main) thread while the block runs: first → `request`
+        (before `begin`: `end_at_once`), second → interrupt; the handlers before it are back
+        afterwards."""
+        with _handlers(signals, self._handle):
             yield self
-        finally:
-            for sig, handler in before.items():
-                signal.signal(sig, handler)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
         if not self.begun:
-            _end_before_training(signal.Signals(signum).name)
-        if not self.request(signal.Signals(signum).name):
+            end_at_once(
+                f"{name} received before the first step: nothing to save; interrupted "
+                "(exit 130), start again with the same --out to train"
+            )
+        if not self.request(name):
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
 
 
-def _end_before_training(name: str) -> NoReturn:
-    """Exit 130 at once, with nothing to unwind: no library code between here and the exit can
-    catch the stop. The streams are flushed first; the message goes straight to fd 2, since the
-    signal may have landed inside a write to `sys.stderr`."""
+@contextlib.contextmanager
+def ending_at_once(
+    what: str, signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
+) -> Iterator[None]:
+    """While the block runs, `signals` end the process at once (`end_at_once`, exit 130) with
+    the line `<SIGNAL> received: <what>`: for work that is safe to cut at any moment (its
+    outputs written whole or not at all), from its imports on. Off the main thread (where
+    handlers cannot be set) the block runs with the handlers as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        end_at_once(f"{signal.Signals(signum).name} received: {what}")
+
+    with _handlers(signals, handle):
+        yield
+
+
+@contextlib.contextmanager
+def _handlers(
+    signals: tuple[signal.Signals, ...], handler: Callable[[int, FrameType | None], None]
+) -> Iterator[None]:
+    """`handler` for `signals` while the block runs; the ones before it are back afterwards
+    (an in-process caller keeps its own Ctrl-C)."""
+    before = {sig: signal.getsignal(sig) for sig in signals}
+    for sig in signals:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, previous in before.items():
+            signal.signal(sig, previous)
+
+
+def end_at_once(line: str) -> NoReturn:
+    """Exit 130 at once, with nothing to unwind: no library code between the signal and the
+    exit can catch it (torch's C module clears any error of its import of numpy, an interrupt
+    included). The streams are flushed first; `line` goes straight to fd 2, since the signal
+    may have landed inside a write to `sys.stderr`."""
     for stream in (sys.stdout, sys.stderr):
         # closed, or in the middle of the write the signal cut into
         with contextlib.suppress(OSError, ValueError, RuntimeError):
             stream.flush()
-    os.write(
-        2,
-        f"{name} received before the first step: nothing to save; interrupted (exit 130), "
-        "start again with the same --out to train\n".encode(),
-    )
+    os.write(2, (line + "\n").encode())
     os._exit(130)
 
 

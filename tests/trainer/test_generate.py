@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.signal_helpers import handlers_installed
 from tests.trainer.hybrid_target import hybrid_model
 from trainer.config import DemoConfig, load_config
 from trainer.decode import Sampling, decode_batch, length_batches, static_unsupported
@@ -328,6 +329,49 @@ def test_a_killed_generation_resumes_without_losing_or_rewriting_a_shard(
         p.read_bytes() for p in finished_shards(clean).values()
     ]
     assert json.loads((out / MANIFEST).read_text())["counts"]["samples"] == 60
+
+
+def test_an_interrupt_at_any_moment_of_the_start_up_ends_the_generation_with_one_line(
+    tmp_path: Path, target_dir: Path
+) -> None:
+    """SIGINT while torch imports or the target loads: exit 130 at once, one line saying the
+    finished shards are kept, no traceback, no shard. (Before: the interrupt came out of the
+    module's torch import as a traceback, the process ended by the signal.)"""
+    cfg, prompts = write_config(tmp_path, target_dir), write_prompts(tmp_path / "p.jsonl", 8)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+    def start(out: Path) -> subprocess.Popen[str]:
+        argv = [sys.executable, "-m", "trainer.generate", "--config", str(cfg), "--prompts",
+                str(prompts), "--out", str(out), "--max-new-tokens", "8", "--batch-size", "1",
+                "--shard-size", "1", "--log-every", "0"]  # fmt: skip
+        return subprocess.Popen(
+            argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    calibrate = start(tmp_path / "calibrate")
+    installed = handlers_installed(calibrate)
+    deadline = time.monotonic() + 120
+    while not finished_shards(tmp_path / "calibrate") and time.monotonic() < deadline:
+        assert calibrate.poll() is None, calibrate.communicate()[0][-3000:]
+        time.sleep(0.01)
+    first_shard = time.monotonic() - installed
+    calibrate.kill()
+    calibrate.communicate()
+    for i in range(8):
+        moment = i * 0.6 * first_shard / 7  # from the handlers' installation on
+        out = tmp_path / f"out-{i}"
+        proc = start(out)
+        time.sleep(max(0.0, handlers_installed(proc) + moment - time.monotonic()))
+        proc.send_signal(signal.SIGINT)
+        try:
+            log = proc.communicate(timeout=15)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"still running 15 s after SIGINT ({moment:.2f} s in)")
+        where = f"SIGINT {moment:.2f} s after the handlers' installation:\n{log[-3000:]}"
+        assert proc.returncode == 130, where
+        assert "SIGINT received: interrupted; finished shards are kept" in log, where
+        assert "Traceback" not in log and not finished_shards(out), where
 
 
 def test_the_trainer_trains_from_shards_and_says_when_data_repeats(

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.signal_helpers import handlers_installed
 from tests.trainer.test_split import (
     ROOT,
     finish,
@@ -247,18 +248,6 @@ def test_a_stop_before_the_first_step_ends_at_once(tmp_path, assets) -> None:  #
         assert proc.returncode == 130, where
         assert "interrupted" in log and "Traceback" not in log, where
         assert not (out / "metrics.jsonl").exists() and find_resumable(out).path is None, where
-
-
-def handlers_installed(proc: subprocess.Popen[str], timeout: float = 30) -> float:
-    """The moment `StopRequest.handling()` has begun in `proc`: it catches SIGTERM, which Python
-    leaves at its default, so SIGTERM's bit turns up in the process's caught-signals mask."""
-    status, end = Path(f"/proc/{proc.pid}/status"), time.monotonic() + timeout
-    while True:
-        caught = next(x for x in status.read_text().splitlines() if x.startswith("SigCgt:"))
-        if int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1:
-            return time.monotonic()
-        assert proc.poll() is None and time.monotonic() < end, "no signal handler installed"
-        time.sleep(0.005)
 
 
 SWALLOWING_IMPORT = """
