@@ -14,6 +14,10 @@ loading: torch's C module imports numpy and clears any error of that import, the
 included, so a stop landing there was lost (the run trained on) or left numpy half-imported (a
 crash a moment later).
 
+Work that any moment may cut — its outputs written whole or not at all, like
+`trainer.generate`'s shards — has nothing to finish: `ending_at_once` ends it at the first
+signal, from its imports on.
+
 Split runs: torchrun forwards the signal to every worker (each in its own session); the ranks
 agree on the step through the drafters' per-step all-reduce and the control store
 (`trainer.segments`), and SIGTERM reaches `StopRequest.request` through the SIGTERM thread of
@@ -124,7 +128,8 @@ def _handlers(
         yield
     finally:
         for sig, previous in before.items():
-            signal.signal(sig, previous)
+            if previous is not None:  # None: set outside Python, nothing to put back
+                signal.signal(sig, previous)
 
 
 def end_at_once(line: str) -> NoReturn:
