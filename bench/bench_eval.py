@@ -14,7 +14,9 @@ GPU run, in order:
    drafter) and gives the evaluation prompts; `--unseen-every K` (4 by default) keeps every K-th
    of the others from the target too, so that the drafter's prompts come from code the target
    answers as it answers the held-out files, not by reciting what it memorised (a reused target
-   keeps the split it was trained with, saved beside it);
+   keeps the split it was trained with, saved beside it); `--unseen-past-cap BYTES` adds files
+   past `--corpus-bytes` to the kept ones (more distinct code for the drafter's prompts, the
+   target's files and the held-out ones unchanged);
 2. a byte-level BPE tokenizer trained on the corpus with `tokenizers`;
 3. a Qwen3-shaped target (8 layers, hidden 768) trained from scratch for a fixed number of steps
    (`--target-steps`) on the training files, so that its greedy continuations are code-like
@@ -107,10 +109,12 @@ class Corpus:
     held: list[str]
 
 
-def corpus(max_bytes: int, holdout_every: int, unseen_every: int = 0) -> Corpus:
+def corpus(max_bytes: int, holdout_every: int, unseen_every: int = 0, past_cap: int = 0) -> Corpus:
     """Every `holdout_every`-th file held out; of the others, every `unseen_every`-th unseen
-    (0: none). Sorted by path, so that every machine with the same Python version gets the same
-    split."""
+    (0: none), up to `max_bytes`. Then, with `past_cap` bytes, files past the cap join the
+    unseen ones (those in a held-out place are skipped): more distinct code for the drafter's
+    prompts while the target's files and the held-out ones stay exactly those of the cap.
+    Sorted by path, so that every machine with the same Python version gets the same split."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(
         p
@@ -118,13 +122,20 @@ def corpus(max_bytes: int, holdout_every: int, unseen_every: int = 0) -> Corpus:
         if not {"site-packages", "dist-packages"} & set(p.parts) and p.is_file()
     )
     parts: dict[str, list[str]] = {"train": [], "unseen": [], "held": []}
-    total = kept = 0
+    total = kept = extra = 0
     for i, path in enumerate(files):
         try:
             text = path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
             continue
         if len(text) < 200:
+            continue
+        if total >= max_bytes:  # past the cap
+            if extra >= past_cap:
+                break
+            if i % holdout_every:
+                parts["unseen"].append(text)
+                extra += len(text)
             continue
         if i % holdout_every == 0:
             parts["held"].append(text)
@@ -133,8 +144,6 @@ def corpus(max_bytes: int, holdout_every: int, unseen_every: int = 0) -> Corpus:
             parts["unseen" if unseen else "train"].append(text)
             kept += 1
         total += len(text)
-        if total >= max_bytes:
-            break
     return Corpus(**parts)
 
 
@@ -650,7 +659,8 @@ def resolve_split(args: argparse.Namespace) -> None:
     if args.unseen_every is None:
         args.unseen_every = DEFAULT_UNSEEN_EVERY if saved is None else saved["unseen_every"]
     if args.drafter_prompts is None and not args.train_data:
-        args.drafter_prompts = "unseen-files" if args.unseen_every else "target-files"
+        kept = args.unseen_every or args.unseen_past_cap
+        args.drafter_prompts = "unseen-files" if kept else "target-files"
 
 
 def check_split(target_dir: Path, args: argparse.Namespace) -> None:
@@ -695,7 +705,7 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    texts = corpus(args.corpus_bytes, args.holdout_every, args.unseen_every)
+    texts = corpus(args.corpus_bytes, args.holdout_every, args.unseen_every, args.unseen_past_cap)
     log(
         f"corpus: {len(texts.train)} training files, {len(texts.unseen)} kept from the target, "
         f"{len(texts.held)} held out"
@@ -783,7 +793,7 @@ def recipe(args: argparse.Namespace) -> dict[str, Any]:
     keys = (
         "drafter_layers", "block_size", "drafter_batch", "anchors", "drafter_lr", "kl_weight",
         "feature_layers", "gen_temperatures", "gen_sampled_prefix", "overrides",
-        "unseen_every", "drafter_prompts",
+        "unseen_every", "unseen_past_cap", "drafter_prompts",
     )  # fmt: skip
     given = ("gen_temperatures", "gen_sampled_prefix") if args.train_data else ()
     return {key: None if key in given else getattr(args, key) for key in keys}
@@ -901,6 +911,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"default {DEFAULT_UNSEEN_EVERY}, or the split a --reuse-target target was trained with)",
     )
     p.add_argument(
+        "--unseen-past-cap",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="also keep this many bytes of files past --corpus-bytes for the drafter's prompts "
+        "(the target's files and the held-out ones stay as they are; 0: none)",
+    )
+    p.add_argument(
         "--drafter-prompts",
         choices=("target-files", "unseen-files"),
         default=None,
@@ -967,10 +985,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     resolve_split(args)
     if args.unseen_every < 0 or args.unseen_every == 1:
         p.error("--unseen-every: 0 (no file kept from the target) or K ≥ 2")
-    if args.drafter_prompts == "unseen-files" and not args.unseen_every:
+    if args.unseen_past_cap < 0:
+        p.error("--unseen-past-cap: a byte count ≥ 0")
+    if args.drafter_prompts == "unseen-files" and not (args.unseen_every or args.unseen_past_cap):
         p.error(
             "--drafter-prompts unseen-files needs files kept from the target: --unseen-every K "
-            "(a --reuse-target target keeps the split it was trained with)"
+            "or --unseen-past-cap BYTES (a --reuse-target target keeps the split it was trained "
+            "with)"
         )
     if args.smoke:
         small = dict(

@@ -167,6 +167,26 @@ def test_corpus_split_keeps_files_from_the_target_without_moving_the_held_out_on
     assert split.unseen == plain.train[2::3]  # every third file the target would have learnt
 
 
+def test_files_past_the_cap_add_unseen_code_and_leave_the_rest_as_it_was() -> None:
+    """`--unseen-past-cap`: more code for the drafter's prompts; the target learns the same
+    files and the evaluation holds out the same ones."""
+    from bench.bench_eval import corpus, parse_args
+
+    capped, more = corpus(400_000, 4, 3), corpus(400_000, 4, 3, past_cap=300_000)
+    assert more.train == capped.train and more.held == capped.held
+    assert more.unseen[: len(capped.unseen)] == capped.unseen
+    extra = more.unseen[len(capped.unseen) :]
+    everything = corpus(10**9, 4, 3)  # the files past the cap, in the same order
+    assert extra and all(text in everything.train + everything.unseen for text in extra)
+    assert not set(extra) & set(everything.held)  # a held-out place stays out
+    assert 300_000 <= sum(map(len, extra)) < 300_000 + max(map(len, extra))
+    assert parse_args(["--unseen-every", "0", "--unseen-past-cap", "1000"]).drafter_prompts == (
+        "unseen-files"
+    )
+    with pytest.raises(SystemExit):
+        parse_args(["--unseen-past-cap", "-1"])
+
+
 def windows_of(stream: list[int], prompts: list[list[int]]) -> bool:
     """Whether every prompt is a run of consecutive tokens of `stream`."""
     text = "," + ",".join(map(str, stream)) + ","
