@@ -140,17 +140,17 @@ def load_data(
     )
 
 
-def anchor_candidates(loss_mask: Sequence[bool]) -> list[int]:
-    """Positions p with p and p+1 both supervised."""
-    return [p for p in range(len(loss_mask) - 1) if loss_mask[p] and loss_mask[p + 1]]
+def anchor_candidates(loss_mask: Sequence[bool] | torch.Tensor) -> torch.Tensor:
+    """Positions p with p and p+1 both supervised → (K,) long, ascending."""
+    mask = torch.as_tensor(loss_mask, dtype=torch.bool)
+    return (mask[:-1] & mask[1:]).nonzero().flatten()
 
 
 def sample_anchors(
     loss_mask: Sequence[bool] | torch.Tensor, num_anchors: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Up to `num_anchors` sorted anchors, padded with invalid ones → (N,) long, (N,) bool."""
-    mask = torch.as_tensor(loss_mask, dtype=torch.bool)
-    cand = (mask[:-1] & mask[1:]).nonzero().flatten()  # `anchor_candidates`, in order
+    cand = anchor_candidates(loss_mask)
     if len(cand) > num_anchors:
         pick = torch.randperm(len(cand), generator=generator)[:num_anchors]
         cand = cand[pick].sort().values
@@ -233,7 +233,7 @@ class BatchStream:
         # a memory-mapped set is streamed as it is (its samples were written usable; one
         # without anchors would only add no blocks), never read whole here
         usable = (
-            [s for s in samples if anchor_candidates(s.loss_mask)]
+            [s for s in samples if anchor_candidates(s.loss_mask).numel()]
             if isinstance(samples, list)
             else samples
         )

@@ -28,7 +28,7 @@ from trainer.demo import build_tokenizer
 
 def test_anchor_candidates_need_next_supervised() -> None:
     mask = [False, False, True, True, True, False, True, True, False, True]
-    assert anchor_candidates(mask) == [2, 3, 6]
+    assert anchor_candidates(mask).tolist() == [2, 3, 6]
 
 
 def test_labels_slot_k_predicts_token_at_anchor_plus_k() -> None:
@@ -71,7 +71,7 @@ def test_collate_equals_labels_and_anchors_written_out_per_sample() -> None:
         generators=[torch.Generator().manual_seed(40 + i) for i in range(len(samples))],
     )
     for i, s in enumerate(samples):
-        cand = anchor_candidates(s.loss_mask)
+        cand = anchor_candidates(s.loss_mask).tolist()
         gen = torch.Generator().manual_seed(40 + i)
         if len(cand) > anchors_n:
             pick = torch.randperm(len(cand), generator=gen)[:anchors_n].tolist()
