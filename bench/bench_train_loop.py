@@ -49,12 +49,15 @@ def write_target(folder: Path, spec: dict[str, int]) -> None:
 
 
 def write_data(path: Path, spec: dict[str, int]) -> None:
+    from trainer.data import Sample, write_samples
+
     rng = random.Random(0)
-    with path.open("w") as f:
-        for _ in range(spec["samples"]):
-            n = rng.randrange(200, 257)
-            ids = [rng.randrange(1, spec["vocab"]) for _ in range(n)]
-            f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 64 + [1] * (n - 64)}) + "\n")
+    samples = []
+    for _ in range(spec["samples"]):
+        n = rng.randrange(200, 257)
+        ids = [rng.randrange(1, spec["vocab"]) for _ in range(n)]
+        samples.append(Sample(ids, [False] * 64 + [True] * (n - 64)))
+    write_samples(path, samples)
 
 
 def loop_config(work: Path, spec: dict[str, int], device: str, steps: int, profile: int) -> Any:
