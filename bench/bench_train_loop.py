@@ -20,9 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +62,14 @@ def write_data(path: Path, spec: dict[str, int]) -> None:
     write_samples(path, samples)
 
 
-def loop_config(work: Path, spec: dict[str, int], device: str, steps: int, profile: int) -> Any:
+def loop_config(
+    work: Path,
+    spec: dict[str, int],
+    device: str,
+    steps: int,
+    profile: int,
+    overrides: Sequence[str] = (),
+) -> Any:
     from trainer.config import config_from_dict
 
     return config_from_dict(
@@ -84,7 +93,8 @@ def loop_config(work: Path, spec: dict[str, int], device: str, steps: int, profi
                 "profile_steps": profile,
                 "tensorboard": False,
             },
-        }
+        },
+        overrides,
     )
 
 
@@ -95,6 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-steps", type=int, default=0, help="then profile this many steps")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (a check)")
     p.add_argument("--out", default=None, help="write the result as JSON")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a training-config override, e.g. run.compile_target=false (repeatable)",
+    )
+    p.add_argument("--keep-profile", default=None, help="copy the profile's files to this folder")
     args = p.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         print("needs a CUDA GPU (use --smoke for a CPU check)", file=sys.stderr)
@@ -108,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         write_target(work / "target", spec)
         write_data(work / "data.jsonl", spec)
-        config = loop_config(work, spec, device.type, total, args.profile_steps)
+        config = loop_config(work, spec, device.type, total, args.profile_steps, args.overrides)
         lines: list[str] = []
         trainer = Trainer(config, work / "run", emit=lines.append)
         first = trainer.run(until=args.warmup)
@@ -120,10 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         trainer.run()
         profiles = sorted((work / "run" / "profile").glob("*.json"))
         profile = json.loads(profiles[0].read_text()) if profiles else None
+        if profiles and args.keep_profile:
+            shutil.copytree(work / "run" / "profile", args.keep_profile, dirs_exist_ok=True)
     tokens = sum(r.tokens for r in timed)
     result = {
         "shape": spec,
         "drafter": {"layers": 4, "block_size": 8},
+        "overrides": args.overrides,
         "env": environment(device),
         "timed_steps": len(timed),
         "ms_per_step": 1e3 * seconds / len(timed),

@@ -121,7 +121,7 @@ class LocalTarget:
         self.device = device
         self.emit = emit
         self.target = load_configured_target(config, device)
-        self.worker = TargetWorker(self.target)
+        self.worker = TargetWorker.for_run(self.target, config)
         samples = load_data(config, out_dir, emit=emit)
         samples, held_out = split_holdout(samples, config.data.holdout)
         self.tau_probe = TauProbe.from_config(config, self.target, held_out, samples)

@@ -14,21 +14,23 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer.attention import compile_errors_as_typed, fail_instead_of_eager_fallback
 from trainer.config import LossConfig, OptimConfig, TrainConfig
 from trainer.data import Batch, uniform_noise
 from trainer.errors import TrainerError
 from trainer.loss import LossNorms, LossOutput, dflash_loss, loss_norms
 from trainer.micro_batches import combine, part_rows
 from trainer.model import Drafter, DrafterShape, shape_from_target
-from trainer.target import Target
+from trainer.target import Target, TargetOutput
 
 COMPILE_NOTE = (
     "drafter layers compiled (run.compile): the first step of each new batch shape compiles "
@@ -62,15 +64,34 @@ class Features:
 
 
 class TargetWorker:
-    """Runs the frozen target over batches."""
+    """Runs the frozen target over training batches.
 
-    def __init__(self, target: Target) -> None:
+    `compiled` runs the target's forward through `torch.compile` (`run.compile_target`): eager,
+    every RMSNorm, RoPE, SwiGLU and residual add of the target is its own pass over the batch
+    and its own kernel launch; compiled, they fuse around the matmuls. Only this worker's
+    forward is compiled: the τ probe and evaluation call the target eagerly, at shapes that
+    change every call. `options` go to `torch.compile` (the CPU tests pick a backend that needs
+    no C++ compiler); past dynamo's recompile limit `produce` raises `CompileCacheFull`.
+    """
+
+    def __init__(self, target: Target, *, compiled: bool = False, **options: Any) -> None:
         self.target = target
+        self.compiled = compiled
+        self._forward: Callable[[Tensor], TargetOutput] = target.forward
+        if compiled:
+            fail_instead_of_eager_fallback()
+            self._forward = torch.compile(target.forward, **options)
+
+    @classmethod
+    def for_run(cls, target: Target, config: TrainConfig) -> TargetWorker:
+        """The worker a training run uses: compiled where `run.compile_target` says so."""
+        return cls(target, compiled=config.run.compiles_target_on(target.device))
 
     def produce(self, batch: Batch) -> Features:
         host = batch
         batch = batch.to(self.target.device)
-        out = self.target(batch.input_ids)
+        with torch.no_grad(), compile_errors_as_typed("The target's forward"):
+            out = self._forward(batch.input_ids)
         return Features(
             hidden=out.features,
             last_hidden=out.last_hidden,

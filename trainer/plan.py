@@ -126,7 +126,7 @@ def measure_rates(
         block_size=m.block_size,
         seed=config.run.seed,
     )
-    producer = TargetWorker(target)
+    producer = TargetWorker.for_run(target, config)
     batches = [stream.next_batch() for _ in range(warmup + steps)]
     timed = batches[warmup:]
     untimed = warmup_batches(batches[:warmup], timed)

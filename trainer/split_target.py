@@ -64,7 +64,7 @@ def serve_features(
     server = _probe_server(session, config, target, held_out, samples)
     start = json.loads(session.wait_get("start", what="drafter rank 0 to resume or start"))
     first = json.loads(session.wait_get("data", what="target rank 0"))["first"]
-    worker = TargetWorker(target)
+    worker = TargetWorker.for_run(target, config)
     endpoint = TargetEndpoint(
         session, max_in_flight=config.split.max_in_flight, has_last=config.loss.kl_weight > 0
     )

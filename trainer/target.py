@@ -94,6 +94,10 @@ class Target:
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor) -> TargetOutput:
         """input_ids (Bsz, S), right-padded: causal attention keeps real positions clean."""
+        return self.forward(input_ids)
+
+    def forward(self, input_ids: torch.Tensor) -> TargetOutput:
+        """`__call__` outside `no_grad`: the function `torch.compile` traces (`TargetWorker`)."""
         base = getattr(self.model, self.model.base_model_prefix)
         out = base(input_ids=input_ids, output_hidden_states=True, use_cache=False)
         hs = out.hidden_states

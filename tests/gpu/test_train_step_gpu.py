@@ -112,7 +112,7 @@ def test_full_training_step_compiled_flex_and_chunked_loss(tmp_path) -> None:
     shape = shape_from_target(target.config, model_cfg, num_features=3)
     drafter = Drafter(shape, attention_backend="auto").to(device)
     worker = _worker(drafter, target, noise=0.05, loss_chunk_rows=128)  # several loss chunks
-    producer = TargetWorker(target)
+    producer = TargetWorker(target, compiled=True)  # as a run on CUDA (`run.compile_target`)
     assert flex_kernels().compiled
 
     before = {n: p.detach().clone() for n, p in drafter.named_parameters()}

@@ -46,6 +46,7 @@ def test_deploy_toml_train_table(tmp_path) -> None:
         ("model.sliding_layers=[7]", "model.sliding_layers"),
         ("loss.kl_weight=2", "loss.kl_weight"),
         ("run.compile=maybe", "run.compile"),
+        ("run.compile_target=1", "run.compile_target"),
         ("split.timeout_s=0", "split.timeout_s"),
         ("split.heartbeat_timeout_s=-1", "split.heartbeat_timeout_s"),
         ("split.max_in_flight=0", "split.max_in_flight"),
@@ -72,6 +73,19 @@ def test_compile_defaults_to_cuda_only_and_leaves_the_checkpoint_hash(tmp_path) 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 1)
     assert (auto.run.compiles_on(cpu), auto.run.compiles_on(cuda)) == (False, True)
     assert (off.run.compiles_on(cuda), on.run.compiles_on(cpu)) == (False, True)
+    assert auto.model_data_hash() == off.model_data_hash() == on.model_data_hash()
+
+
+def test_target_compile_defaults_to_cuda_only(tmp_path) -> None:
+    import torch
+
+    path = tmp_path / "c.toml"
+    path.write_text(BASE)
+    overrides = ([], ["run.compile_target=false"], ["run.compile_target=true"])
+    auto, off, on = (load_config(path, o) for o in overrides)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 1)
+    assert (auto.run.compiles_target_on(cpu), auto.run.compiles_target_on(cuda)) == (False, True)
+    assert (off.run.compiles_target_on(cuda), on.run.compiles_target_on(cpu)) == (False, True)
     assert auto.model_data_hash() == off.model_data_hash() == on.model_data_hash()
 
 
