@@ -107,6 +107,28 @@ class Corpus:
     train: list[str]
     unseen: list[str]
     held: list[str]
+    past_cap_bytes: int = 0  # of `unseen`: the files past the cap (`--unseen-past-cap`)
+
+    def describe(self, cap: int, past_cap: int) -> str:
+        """The log's line, which says when the standard library here ends before the cap (its
+        size differs between Python builds) and `--unseen-past-cap` therefore adds nothing."""
+        line = (
+            f"corpus: {len(self.train)} training files ({_mb(self.train)}), {len(self.unseen)} "
+            f"kept from the target ({_mb(self.unseen)}), {len(self.held)} held out"
+        )
+        if past_cap and not self.past_cap_bytes:
+            everything = _mb(self.train + self.unseen + self.held)
+            line += (
+                f"; --unseen-past-cap adds nothing: this Python's standard library ({everything})"
+                f" ends before --corpus-bytes {cap:,}"
+            )
+        elif past_cap:
+            line += f", {self.past_cap_bytes / 1e6:.1f} MB of them past --corpus-bytes"
+        return line
+
+
+def _mb(texts: list[str]) -> str:
+    return f"{sum(map(len, texts)) / 1e6:.1f} MB"
 
 
 def corpus(max_bytes: int, holdout_every: int, unseen_every: int = 0, past_cap: int = 0) -> Corpus:
@@ -144,7 +166,7 @@ def corpus(max_bytes: int, holdout_every: int, unseen_every: int = 0, past_cap: 
             parts["unseen" if unseen else "train"].append(text)
             kept += 1
         total += len(text)
-    return Corpus(**parts)
+    return Corpus(**parts, past_cap_bytes=extra)
 
 
 def build_tokenizer(texts: list[str], vocab_size: int, folder: Path) -> Any:
@@ -706,10 +728,7 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     texts = corpus(args.corpus_bytes, args.holdout_every, args.unseen_every, args.unseen_past_cap)
-    log(
-        f"corpus: {len(texts.train)} training files, {len(texts.unseen)} kept from the target, "
-        f"{len(texts.held)} held out"
-    )
+    log(texts.describe(args.corpus_bytes, args.unseen_past_cap))
     tokenizer, target_info = target_and_tokenizer(args, texts.train, device)
     held_stream = encode(tokenizer, texts.held)
     prompt_stream = None  # given data (--train-data) need no prompts

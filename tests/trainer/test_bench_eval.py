@@ -180,6 +180,12 @@ def test_files_past_the_cap_add_unseen_code_and_leave_the_rest_as_it_was() -> No
     assert extra and all(text in everything.train + everything.unseen for text in extra)
     assert not set(extra) & set(everything.held)  # a held-out place stays out
     assert 300_000 <= sum(map(len, extra)) < 300_000 + max(map(len, extra))
+    assert more.past_cap_bytes == sum(map(len, extra)) and capped.past_cap_bytes == 0
+    assert "MB of them past --corpus-bytes" in more.describe(400_000, 300_000)
+    whole = corpus(10**10, 4, 3, past_cap=300_000)  # the library ends before the cap
+    assert whole.past_cap_bytes == 0
+    assert "--unseen-past-cap adds nothing" in whole.describe(10**10, 300_000)
+    assert "adds nothing" not in capped.describe(400_000, 0)
     assert parse_args(["--unseen-every", "0", "--unseen-past-cap", "1000"]).drafter_prompts == (
         "unseen-files"
     )
