@@ -15,8 +15,9 @@ GPU run, in order:
    of the others from the target too, so that the drafter's prompts come from code the target
    answers as it answers the held-out files, not by reciting what it memorised (a reused target
    keeps the split it was trained with, saved beside it); `--unseen-past-cap BYTES` adds files
-   past `--corpus-bytes` to the kept ones (more distinct code for the drafter's prompts, the
-   target's files and the held-out ones unchanged);
+   past `--corpus-bytes` to the kept ones, then installed packages' sources where the standard
+   library ends first (more distinct code for the drafter's prompts, the target's files and the
+   held-out ones unchanged, package files that repeat held-out code left out: `eval_corpus.py`);
 2. a byte-level BPE tokenizer trained on the corpus with `tokenizers`;
 3. a Qwen3-shaped target (8 layers, hidden 768) trained from scratch for a fixed number of steps
    (`--target-steps`) on the training files, so that its greedy continuations are code-like
@@ -63,9 +64,8 @@ import json
 import math
 import shutil
 import sys
-import sysconfig
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.eval_corpus import corpus  # noqa: E402
 from trainer.config import LossConfig, TrainConfigError, config_from_dict, load_config  # noqa: E402
 from trainer.data import Sample, load_samples, write_samples  # noqa: E402
 from trainer.drafters import BlockDrafter, DFlashDrafter  # noqa: E402
@@ -94,79 +95,7 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-# ---- corpus and tokenizer ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Corpus:
-    """The standard library's files in three parts: `train` (the target learns them), `unseen`
-    (kept from the target: prompts for the drafter's data that the target answers as it answers
-    new code, not by reciting a file it has memorised) and `held` (the evaluation's prompts,
-    never seen by the target or the drafter)."""
-
-    train: list[str]
-    unseen: list[str]
-    held: list[str]
-    past_cap_bytes: int = 0  # of `unseen`: the files past the cap (`--unseen-past-cap`)
-
-    def describe(self, cap: int, past_cap: int) -> str:
-        """The log's line, which says when the standard library here ends before the cap (its
-        size differs between Python builds) and `--unseen-past-cap` therefore adds nothing."""
-        line = (
-            f"corpus: {len(self.train)} training files ({_mb(self.train)}), {len(self.unseen)} "
-            f"kept from the target ({_mb(self.unseen)}), {len(self.held)} held out"
-        )
-        if past_cap and not self.past_cap_bytes:
-            everything = _mb(self.train + self.unseen + self.held)
-            line += (
-                f"; --unseen-past-cap adds nothing: this Python's standard library ({everything})"
-                f" ends before --corpus-bytes {cap:,}"
-            )
-        elif past_cap:
-            line += f", {self.past_cap_bytes / 1e6:.1f} MB of them past --corpus-bytes"
-        return line
-
-
-def _mb(texts: list[str]) -> str:
-    return f"{sum(map(len, texts)) / 1e6:.1f} MB"
-
-
-def corpus(max_bytes: int, holdout_every: int, unseen_every: int = 0, past_cap: int = 0) -> Corpus:
-    """Every `holdout_every`-th file held out; of the others, every `unseen_every`-th unseen
-    (0: none), up to `max_bytes`. Then, with `past_cap` bytes, files past the cap join the
-    unseen ones (those in a held-out place are skipped): more distinct code for the drafter's
-    prompts while the target's files and the held-out ones stay exactly those of the cap.
-    Sorted by path, so that every machine with the same Python version gets the same split."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        p
-        for p in stdlib.rglob("*.py")
-        if not {"site-packages", "dist-packages"} & set(p.parts) and p.is_file()
-    )
-    parts: dict[str, list[str]] = {"train": [], "unseen": [], "held": []}
-    total = kept = extra = 0
-    for i, path in enumerate(files):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        if len(text) < 200:
-            continue
-        if total >= max_bytes:  # past the cap
-            if extra >= past_cap:
-                break
-            if i % holdout_every:
-                parts["unseen"].append(text)
-                extra += len(text)
-            continue
-        if i % holdout_every == 0:
-            parts["held"].append(text)
-        else:
-            unseen = unseen_every > 0 and kept % unseen_every == unseen_every - 1
-            parts["unseen" if unseen else "train"].append(text)
-            kept += 1
-        total += len(text)
-    return Corpus(**parts, past_cap_bytes=extra)
+# ---- tokenizer ------------------------------------------------------------------------------------
 
 
 def build_tokenizer(texts: list[str], vocab_size: int, folder: Path) -> Any:
@@ -934,8 +863,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=0,
         metavar="BYTES",
-        help="also keep this many bytes of files past --corpus-bytes for the drafter's prompts "
-        "(the target's files and the held-out ones stay as they are; 0: none)",
+        help="also keep this many bytes of files past --corpus-bytes for the drafter's prompts, "
+        "then of installed packages' sources where the standard library ends first (the "
+        "target's files and the held-out ones stay as they are; 0: none)",
     )
     p.add_argument(
         "--drafter-prompts",

@@ -157,7 +157,7 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
 
 
 def test_corpus_split_keeps_files_from_the_target_without_moving_the_held_out_ones() -> None:
-    from bench.bench_eval import corpus
+    from bench.eval_corpus import corpus
 
     plain, split = corpus(400_000, 4, 0), corpus(400_000, 4, 3)
     assert split.held == plain.held  # the evaluation's prompts do not depend on the split
@@ -170,7 +170,8 @@ def test_corpus_split_keeps_files_from_the_target_without_moving_the_held_out_on
 def test_files_past_the_cap_add_unseen_code_and_leave_the_rest_as_it_was() -> None:
     """`--unseen-past-cap`: more code for the drafter's prompts; the target learns the same
     files and the evaluation holds out the same ones."""
-    from bench.bench_eval import corpus, parse_args
+    from bench.bench_eval import parse_args
+    from bench.eval_corpus import corpus
 
     capped, more = corpus(400_000, 4, 3), corpus(400_000, 4, 3, past_cap=300_000)
     assert more.train == capped.train and more.held == capped.held
@@ -181,16 +182,56 @@ def test_files_past_the_cap_add_unseen_code_and_leave_the_rest_as_it_was() -> No
     assert not set(extra) & set(everything.held)  # a held-out place stays out
     assert 300_000 <= sum(map(len, extra)) < 300_000 + max(map(len, extra))
     assert more.past_cap_bytes == sum(map(len, extra)) and capped.past_cap_bytes == 0
-    assert "MB of them past --corpus-bytes" in more.describe(400_000, 300_000)
-    whole = corpus(10**10, 4, 3, past_cap=300_000)  # the library ends before the cap
-    assert whole.past_cap_bytes == 0
-    assert "--unseen-past-cap adds nothing" in whole.describe(10**10, 300_000)
-    assert "adds nothing" not in capped.describe(400_000, 0)
+    assert more.package_bytes == 0  # the standard library had enough past the cap
+    assert "0.0 MB of installed packages" in more.describe(400_000, 300_000)
+    assert "past --corpus-bytes" not in capped.describe(400_000, 0)
     assert parse_args(["--unseen-every", "0", "--unseen-past-cap", "1000"]).drafter_prompts == (
         "unseen-files"
     )
     with pytest.raises(SystemExit):
         parse_args(["--unseen-past-cap", "-1"])
+
+
+def test_past_the_end_of_the_standard_library_packages_sources_are_kept() -> None:
+    """A Python whose standard library ends before the cap (builds without the test suite):
+    the rest of `--unseen-past-cap` comes from installed packages' sources, none of them a
+    copy of a held-out file; the target's and the held-out files are those of the whole
+    library."""
+    from bench.eval_corpus import corpus, package_sources
+
+    whole = corpus(10**10, 20, 4)
+    more = corpus(10**10, 20, 4, past_cap=400_000)
+    assert more.train == whole.train and more.held == whole.held
+    assert more.unseen[: len(whole.unseen)] == whole.unseen
+    added = more.unseen[len(whole.unseen) :]
+    assert more.package_bytes == more.past_cap_bytes == sum(map(len, added)) >= 400_000
+    want, _ = package_sources(400_000, whole.held)
+    assert added == want and not set(added) & set(whole.held)
+    assert "MB of installed packages' sources" in more.describe(10**10, 400_000)
+
+
+def test_package_files_that_copy_held_out_code_are_left_out(tmp_path: Path) -> None:
+    from bench.eval_corpus import package_sources
+
+    held = "\n".join(
+        f"    value_{i} = compute_something_long(argument_{i}, other)" for i in range(40)
+    )
+    fresh = [
+        "\n".join(f"    name_{k}_{i} = another_function_call(thing_{i}, more)" for i in range(30))
+        for k in range(6)
+    ]
+    for k, text in enumerate(fresh):
+        (tmp_path / f"pkg{k}").mkdir()
+        (tmp_path / f"pkg{k}" / "mod.py").write_text(text)
+    vendored = held.replace("value_3 =", "changed_3 =")  # a near copy of the held-out file
+    (tmp_path / "backport").mkdir()
+    (tmp_path / "backport" / "copy.py").write_text(vendored)
+    (tmp_path / "tiny.py").write_text("x = 1\n")  # a stub: too short to count
+    texts, left_out = package_sources(10**9, [held], root=tmp_path)
+    assert sorted(texts) == sorted(fresh) and left_out == 1
+    some, _ = package_sources(len(fresh[0]) + 1, [held], root=tmp_path)
+    assert len(some) == 2 and set(some) <= set(fresh)  # stops once the budget is reached
+    assert package_sources(10**9, [held], root=tmp_path)[0] == texts  # the same order each time
 
 
 def windows_of(stream: list[int], prompts: list[list[int]]) -> bool:
@@ -202,7 +243,8 @@ def windows_of(stream: list[int], prompts: list[list[int]]) -> bool:
 def test_drafter_prompts_from_files_the_target_never_learnt(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from bench.bench_eval import corpus, encode
+    from bench.bench_eval import encode
+    from bench.eval_corpus import corpus
 
     work, out = tmp_path / "work", tmp_path / "prepare.json"
     split = ("--unseen-every", "2", "--drafter-prompts", "unseen-files", "--gen-temperatures", "0")
