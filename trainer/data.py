@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from trainer.chat import (
@@ -140,25 +141,46 @@ def load_data(
     )
 
 
-def anchor_candidates(loss_mask: Sequence[bool] | torch.Tensor) -> torch.Tensor:
-    """Positions p with p and p+1 both supervised → (K,) long, ascending."""
+def candidate_mask(loss_mask: Sequence[bool] | torch.Tensor) -> torch.Tensor:
+    """Where a block may start: position p with p and p+1 both supervised → bool (…, S−1)."""
     mask = torch.as_tensor(loss_mask, dtype=torch.bool)
-    return (mask[:-1] & mask[1:]).nonzero().flatten()
+    return mask[..., :-1] & mask[..., 1:]
 
 
-def sample_anchors(
-    loss_mask: Sequence[bool] | torch.Tensor, num_anchors: int, generator: torch.Generator
+def anchor_candidates(loss_mask: Sequence[bool] | torch.Tensor) -> torch.Tensor:
+    """One sequence's candidate anchors (`candidate_mask`) → (K,) long, ascending."""
+    return candidate_mask(loss_mask).nonzero().flatten()
+
+
+def draw_anchors(
+    supervised: torch.Tensor, num_anchors: int, generators: Sequence[torch.Generator]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Up to `num_anchors` sorted anchors, padded with invalid ones → (N,) long, (N,) bool."""
-    cand = anchor_candidates(loss_mask)
-    if len(cand) > num_anchors:
-        pick = torch.randperm(len(cand), generator=generator)[:num_anchors]
-        cand = cand[pick].sort().values
-    anchors = torch.zeros(num_anchors, dtype=torch.long)
-    valid = torch.zeros(num_anchors, dtype=torch.bool)
-    anchors[: len(cand)] = cand
-    valid[: len(cand)] = True
-    return anchors, valid
+    """Each row's anchors: all its candidates when it has at most `num_anchors`, else
+    `num_anchors` of them drawn by the row's generator (`randperm` over its K candidates, the
+    first N), sorted; padded with invalid zeros → (Bsz, N) long, (Bsz, N) bool.
+
+    The batch at once, not row by row: only the draw itself is per row (each sequence keeps its
+    own random stream, so a batch's anchors do not depend on its other rows)."""
+    cand = candidate_mask(supervised)  # (Bsz, S−1)
+    bsz = cand.shape[0]
+    counts = cand.sum(1)
+    rows, cols = cand.nonzero(as_tuple=True)  # row-major: each row's candidates ascending
+    width = max(int(counts.max()) if bsz else 0, 1)
+    table = torch.zeros(bsz, width, dtype=torch.long)  # table[i, r]: row i's r-th candidate
+    table[rows, cand.cumsum(1)[rows, cols] - 1] = cols
+    picks = torch.arange(num_anchors).repeat(bsz, 1)  # ranks into each row's candidates
+    valid = picks < counts.clamp(max=num_anchors)[:, None]
+    drawn = [
+        (i, torch.randperm(k, generator=gen)[:num_anchors])
+        for i, (k, gen) in enumerate(zip(counts.tolist(), generators, strict=True))
+        if k > num_anchors
+    ]
+    if drawn:
+        picks[[i for i, _ in drawn]] = torch.stack([d for _, d in drawn])
+    chosen = table.gather(1, picks.clamp(max=width - 1))
+    past_end = supervised.shape[-1]  # invalid slots sort behind every real position
+    anchors = torch.where(valid, chosen, past_end).sort(1).values
+    return torch.where(valid, anchors, 0), valid
 
 
 def block_labels(
@@ -194,20 +216,18 @@ def collate(
 ) -> Batch:
     """Pad to one bucketed length, draw anchors (one generator per sample), build labels."""
     seq = bucket_length(max(len(s.input_ids) for s in samples), bucket)
-    ids = torch.full((len(samples), seq), pad_token_id, dtype=torch.long)
-    supervised = torch.zeros((len(samples), seq), dtype=torch.bool)  # false on the padding
-    anchors, valid = [], []
-    for i, (s, gen) in enumerate(zip(samples, generators, strict=True)):
+    # filled in numpy: a row from a Python list is ~4× faster there than through torch
+    ids_np = np.full((len(samples), seq), pad_token_id, dtype=np.int64)
+    supervised_np = np.zeros((len(samples), seq), dtype=np.bool_)  # false on the padding
+    for i, s in enumerate(samples):
         n = len(s.input_ids)
-        ids[i, :n] = torch.as_tensor(s.input_ids, dtype=torch.long)
-        supervised[i, :n] = torch.as_tensor(s.loss_mask, dtype=torch.bool)
-        a, v = sample_anchors(supervised[i, :n], num_anchors, gen)
-        anchors.append(a)
-        valid.append(v)
+        ids_np[i, :n] = s.input_ids
+        supervised_np[i, :n] = s.loss_mask
+    ids, supervised = torch.from_numpy(ids_np), torch.from_numpy(supervised_np)
     lengths = torch.tensor([len(s.input_ids) for s in samples], dtype=torch.long)
-    anchor_t, valid_t = torch.stack(anchors), torch.stack(valid)
-    labels = block_labels(ids, supervised, anchor_t, valid_t, block_size)
-    return Batch(ids, lengths, anchor_t, valid_t, labels)
+    anchors, valid = draw_anchors(supervised, num_anchors, generators)
+    labels = block_labels(ids, supervised, anchors, valid, block_size)
+    return Batch(ids, lengths, anchors, valid, labels)
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from trainer.data import (
     block_labels,
     bucket_length,
     collate,
+    draw_anchors,
     load_samples,
     prepare,
-    sample_anchors,
     write_samples,
 )
 from trainer.demo import build_tokenizer
@@ -91,20 +91,22 @@ def test_collate_equals_labels_and_anchors_written_out_per_sample() -> None:
         assert (batch.input_ids[i, len(s.input_ids) :] == 7).all()
 
 
-def test_sample_anchors_sorted_padded_and_capped() -> None:
-    mask = [True] * 50
-    gen = torch.Generator().manual_seed(0)
-    anchors, valid = sample_anchors(mask, 8, gen)
-    assert valid.all() and anchors.tolist() == sorted(anchors.tolist())
-    assert len(set(anchors.tolist())) == 8 and anchors.max() < 49
-    anchors, valid = sample_anchors([False, True, True, True], 5, gen)
-    assert anchors.tolist() == [1, 2, 0, 0, 0] and valid.tolist() == [
-        True,
-        True,
-        False,
-        False,
-        False,
-    ]
+def test_draw_anchors_sorted_padded_and_capped() -> None:
+    supervised = torch.zeros(3, 50, dtype=torch.bool)
+    supervised[0] = True  # 49 candidates: 8 drawn
+    supervised[1, 1:4] = True  # candidates 1 and 2 only
+    # row 2: no two consecutive supervised tokens, no candidate
+    supervised[2, ::2] = True
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    anchors, valid = draw_anchors(supervised, 8, gens)
+    assert anchors.shape == valid.shape == (3, 8)
+    assert valid[0].all() and anchors[0].tolist() == sorted(anchors[0].tolist())
+    assert len(set(anchors[0].tolist())) == 8 and anchors[0].max() < 49
+    want = torch.randperm(49, generator=torch.Generator().manual_seed(0))[:8].sort().values
+    assert anchors[0].tolist() == want.tolist()  # the row's own generator decides
+    assert anchors[1].tolist() == [1, 2] + [0] * 6
+    assert valid[1].tolist() == [True, True] + [False] * 6
+    assert not valid[2].any() and not anchors[2].any()
 
 
 def test_bucketing_pads_to_multiples() -> None:
