@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer.attention import compile_errors_as_typed, fail_instead_of_eager_fallback
 from trainer.config import LossConfig, OptimConfig, TrainConfig
 from trainer.data import Batch, uniform_noise
-from trainer.errors import TrainerError
+from trainer.errors import TargetCompileFailed, TrainerError
 from trainer.loss import LossNorms, LossOutput, dflash_loss, loss_norms
 from trainer.micro_batches import combine, part_rows
 from trainer.model import Drafter, DrafterShape, shape_from_target
@@ -87,11 +87,21 @@ class TargetWorker:
         """The worker a training run uses: compiled where `run.compile_target` says so."""
         return cls(target, compiled=config.run.compiles_target_on(target.device))
 
+    def _target_forward(self, input_ids: Tensor) -> TargetOutput:
+        if not self.compiled:
+            return self._forward(input_ids)
+        dynamo = torch._dynamo.exc
+        try:
+            return self._forward(input_ids)
+        except (dynamo.BackendCompilerFailed, dynamo.InternalTorchDynamoError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TargetCompileFailed(f"The target's forward did not compile: {first}") from exc
+
     def produce(self, batch: Batch) -> Features:
         host = batch
         batch = batch.to(self.target.device)
         with torch.no_grad(), compile_errors_as_typed("The target's forward"):
-            out = self._forward(batch.input_ids)
+            out = self._target_forward(batch.input_ids)
         return Features(
             hidden=out.features,
             last_hidden=out.last_hidden,

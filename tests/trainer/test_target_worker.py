@@ -65,3 +65,19 @@ def test_the_target_itself_stays_eager(target: Target) -> None:
     frames = counters["stats"]["unique_graphs"]
     target(torch.randint(1, 200, (2, 9)))  # what the τ probe calls
     assert counters["stats"]["unique_graphs"] == frames
+
+
+def test_a_forward_that_does_not_compile_names_the_switch(target: Target) -> None:
+    """A compiler failure (here a backend that raises, as inductor does on a model it cannot
+    lower) is a typed error that names `run.compile_target`, not a dynamo traceback."""
+    from trainer.errors import TargetCompileFailed
+
+    def failing_backend(graph: torch.fx.GraphModule, inputs: list) -> None:
+        raise RuntimeError("cannot lower this op")
+
+    torch._dynamo.reset()
+    worker = TargetWorker(target, compiled=True, backend=failing_backend)
+    with pytest.raises(TargetCompileFailed, match="did not compile") as err:
+        worker.produce(batch(2, 16, 0))
+    assert "run.compile_target = false" in str(err.value)
+    assert err.value.exit_code == 2
