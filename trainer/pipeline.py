@@ -88,9 +88,7 @@ class TargetWorker:
         return cls(target, compiled=config.run.compiles_target_on(target.device))
 
     def _target_forward(self, input_ids: Tensor) -> TargetOutput:
-        if not self.compiled:
-            return self._forward(input_ids)
-        dynamo = torch._dynamo.exc
+        dynamo = torch._dynamo.exc  # its compile errors: raised by the compiled forward only
         try:
             return self._forward(input_ids)
         except (dynamo.BackendCompilerFailed, dynamo.InternalTorchDynamoError) as exc:
