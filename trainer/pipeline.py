@@ -32,10 +32,19 @@ from trainer.micro_batches import combine, part_rows
 from trainer.model import Drafter, DrafterShape, shape_from_target
 from trainer.target import Target, TargetOutput
 
-COMPILE_NOTE = (
-    "drafter layers compiled (run.compile): the first step of each new batch shape compiles "
-    "them, minutes on a GPU; compiled kernels are cached on disk for the next run"
-)
+
+def compile_note(*, drafter: bool, target: bool) -> str | None:
+    """The log's line on what the first steps compile (None: nothing is compiled)."""
+    parts = [
+        *(["drafter layers (run.compile)"] if drafter else []),
+        *(["the target's forward (run.compile_target)"] if target else []),
+    ]
+    if not parts:
+        return None
+    return (
+        f"compiled: {' and '.join(parts)}; the first step of each new batch shape compiles "
+        "them, minutes on a GPU; compiled kernels are cached on disk for the next run"
+    )
 
 
 @dataclass

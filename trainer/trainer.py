@@ -33,7 +33,7 @@ from trainer.curves import TrainingCurves
 from trainer.data import DataPosition
 from trainer.features import FeatureSource, LocalTarget, StepSummary
 from trainer.metrics import METRICS, append_row, truncate_rows
-from trainer.pipeline import COMPILE_NOTE, DrafterWorker, StepResult, lr_at
+from trainer.pipeline import DrafterWorker, StepResult, compile_note, lr_at
 from trainer.probe import ProbeReport
 from trainer.profiling import ProfileReport, StepProfiler
 from trainer.runtime import resolve_demo, resolve_device
@@ -111,8 +111,11 @@ class Trainer:
         source.start(self.step, DataPosition(**state["data_position"]) if state else DataPosition())
         torch.manual_seed(cfg.run.seed)  # the drafter's initial weights: the same in every run
         self.drafter_worker = source.drafter_worker(cfg)
-        if self.drafter_worker.compiled:
-            self.emit(COMPILE_NOTE)
+        note = compile_note(
+            drafter=self.drafter_worker.compiled, target=cfg.run.compiles_target_on(self.device)
+        )
+        if note:
+            self.emit(note)
         if state is not None and found.path is not None:
             self._resume(state, found.path, changes)
         self._resolved = resolved_values(
