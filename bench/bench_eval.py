@@ -76,7 +76,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.eval_corpus import corpus  # noqa: E402
-from trainer.config import LossConfig, TrainConfigError, config_from_dict, load_config  # noqa: E402
+from trainer.config import (  # noqa: E402
+    LossConfig,
+    TrainConfigError,
+    add_overrides_option,
+    config_from_dict,
+    load_config,
+)
 from trainer.data import Sample, load_samples, write_samples  # noqa: E402
 from trainer.drafters import BlockDrafter, DFlashDrafter  # noqa: E402
 from trainer.eval_prompts import prompt_of_sample  # noqa: E402
@@ -898,13 +904,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the target layers the drafter reads, e.g. 1,2,4,5,6 (default: the trainer's)",
     )
     p.add_argument("--kl-weight", type=float, default=LossConfig().kl_weight, help="loss.kl_weight")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a drafter training setting over the benchmark's own, e.g. loss.gamma=2 (repeatable)",
+    add_overrides_option(
+        p,
+        "a drafter training setting over the benchmark's own, e.g. loss.gamma=2 (repeatable)",
     )
     p.add_argument(
         "--drafter-steps",

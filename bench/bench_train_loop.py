@@ -34,6 +34,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch
 
 from bench.common import environment, sync, write
+from trainer.config import add_overrides_option
 
 FULL = {"hidden": 768, "layers": 8, "vocab": 8192, "batch": 128, "anchors": 64, "samples": 8192}
 SMOKE = {"hidden": 64, "layers": 4, "vocab": 512, "batch": 4, "anchors": 8, "samples": 64}
@@ -105,13 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-steps", type=int, default=0, help="then profile this many steps")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (a check)")
     p.add_argument("--out", default=None, help="write the result as JSON")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a training-config override, e.g. run.compile_target=false (repeatable)",
+    add_overrides_option(
+        p,
+        "a training-config override, e.g. run.compile_target=false (repeatable)",
     )
     p.add_argument("--keep-profile", default=None, help="copy the profile's files to this folder")
     args = p.parse_args(argv)

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from trainer.config import TrainConfig, TrainConfigError, load_config
+from trainer.config import TrainConfig, TrainConfigError, add_overrides_option, load_config
 from trainer.errors import UnsupportedTarget
 from trainer.fidelity import check_target_supported
 
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m trainer.check", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--config", required=True, help="TOML file (standalone or deploy.toml)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_overrides_option(parser)
     parser.add_argument("--lines", type=int, default=DEFAULT_LINES, help="data lines to parse")
     args = parser.parse_args(argv)
     try:

@@ -8,6 +8,7 @@ different model or data layout is refused (see `trainer.checkpoint`).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -404,6 +405,14 @@ DEMO_DEFAULTS: dict[str, dict[str, Any]] = {
     "loss": {"kl_weight": 0.15},
     "run": {"steps": 300, "device": "cpu", "threads": 2, "checkpoint_every": 100, "keep_last": 2},
 }
+
+
+def add_overrides_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """The `--set KEY=VALUE` option (repeatable) every entry point passes to `load_config`
+    as `args.overrides`."""
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help
+    )
 
 
 def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> TrainConfig:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from trainer.config import add_overrides_option
 from trainer.data import template_options
 from trainer.drafters import BlockDrafter, DFlashDrafter
 from trainer.errors import TrainerError
@@ -189,7 +190,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--lookup-max-n", type=int, default=4, help="prompt lookup: longest n-gram")
     p.add_argument("--lookup-min-n", type=int, default=1, help="prompt lookup: shortest n-gram")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_overrides_option(p)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = p.parse_args(argv)
     if args.batch_tokens < 1:

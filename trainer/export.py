@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from trainer import checkpoint as ckpt
-from trainer.config import TrainConfig, diff_settings
+from trainer.config import TrainConfig, add_overrides_option, diff_settings
 from trainer.errors import TrainerError
 from trainer.fidelity import decoder_config
 from trainer.hf_format import DTYPES, hf_config, hf_tensors, write_folder
@@ -147,7 +147,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--out", required=True, help="the folder to create (must not exist)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_overrides_option(p)
     return p.parse_args(argv)
 
 

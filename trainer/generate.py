@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import prompt_file
-from trainer.config import TrainConfig, load_config
+from trainer.config import TrainConfig, add_overrides_option, load_config
 from trainer.errors import TrainerError
 from trainer.stopping import ending_at_once
 
@@ -124,7 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=0, help="use the first N unique prompts only")
     p.add_argument("--strict", action="store_true", help="refuse a bad prompt line (default: skip)")
     p.add_argument("--log-every", type=float, default=10.0, help="seconds between progress lines")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_overrides_option(p)
     return p.parse_args(argv)
 
 

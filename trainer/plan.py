@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainer.config import TrainConfig, load_config
+from trainer.config import TrainConfig, add_overrides_option, load_config
 from trainer.errors import TrainerError
 from trainer.split_rule import default_target_gpus
 
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="timed batches per role")
     parser.add_argument("--warmup", type=int, default=2, help="untimed batches per role")
     parser.add_argument("--out", default="runs/plan", help="where demo assets go (demo configs)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_overrides_option(parser)
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)

@@ -31,7 +31,7 @@ import signal
 import sys
 from pathlib import Path
 
-from trainer.config import TrainConfig, load_config
+from trainer.config import TrainConfig, add_overrides_option, load_config
 from trainer.errors import TrainerError
 from trainer.stopping import StopRequest
 
@@ -44,13 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--config", required=True, help="TOML file (standalone or deploy.toml)")
     parser.add_argument("--out", required=True, help="run folder: checkpoints and metrics.jsonl")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a setting, e.g. --set optim.lr=3e-4 (repeatable)",
+    add_overrides_option(
+        parser,
+        "override a setting, e.g. --set optim.lr=3e-4 (repeatable)",
     )
     parser.add_argument(
         "--force-resume",
