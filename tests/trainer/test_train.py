@@ -147,29 +147,18 @@ def test_entry_point_refuses_mismatch_and_bad_settings(tmp_path, assets) -> None
     not (shutil.which("g++") or shutil.which("c++")),
     reason="inductor on the CPU needs a C++ compiler",
 )
-def test_compiled_layers_train_like_eager_on_the_cpu(tmp_path, assets) -> None:
-    """`run.compile = true` (inductor, on the CPU here) says so in the log and trains to the
-    same losses as the eager layers, step for step, within float32 reassociation."""
-    import torch
-
-    torch._dynamo.reset()
-    lines: list[str] = []
-    steps = {"steps": 6}
-    eager = Trainer(tiny_config(assets, run=steps), tmp_path / "e", emit=lambda _: None).run()
-    compiled_trainer = Trainer(
-        tiny_config(assets, run={**steps, "compile": True}), tmp_path / "c", emit=lines.append
-    )
-    compiled = compiled_trainer.run()
-    assert any("compiled: drafter layers (run.compile);" in line for line in lines)
-    for a, b in zip(eager, compiled, strict=True):
-        assert abs(a.loss - b.loss) <= 1e-4 * abs(a.loss), (a.loss, b.loss)
-    torch._dynamo.reset()
-
-
-def test_compiled_target_forward_trains_like_the_eager_one(tmp_path, assets) -> None:
-    """`run.compile_target = true` (inductor, on the CPU here): the run's features come from the
-    compiled forward, the log says so, and the losses follow the eager target's step for step
-    within float32 reassociation."""
+@pytest.mark.parametrize(
+    ("key", "note"),
+    [
+        ("compile", "compiled: drafter layers (run.compile);"),
+        ("compile_target", "compiled: the target's forward (run.compile_target);"),
+    ],
+)
+def test_compiled_parts_train_like_eager_on_the_cpu(tmp_path, assets, key, note) -> None:
+    """`run.compile = true` (the drafter's layers) and `run.compile_target = true` (the
+    target's forward that makes the run's features), inductor on the CPU here: each says so in
+    the log and trains to the same losses as the eager run, step for step, within float32
+    reassociation."""
     import torch
 
     torch._dynamo.reset()
@@ -177,13 +166,13 @@ def test_compiled_target_forward_trains_like_the_eager_one(tmp_path, assets) -> 
     steps = {"steps": 6}
     eager = Trainer(tiny_config(assets, run=steps), tmp_path / "e", emit=lambda _: None).run()
     trainer = Trainer(
-        tiny_config(assets, run={**steps, "compile_target": True}),
-        tmp_path / "c",
-        emit=lines.append,
+        tiny_config(assets, run={**steps, key: True}), tmp_path / "c", emit=lines.append
     )
-    assert isinstance(trainer.source, LocalTarget) and trainer.source.worker.compiled
+    assert isinstance(trainer.source, LocalTarget)
+    assert trainer.drafter_worker.compiled == (key == "compile")
+    assert trainer.source.worker.compiled == (key == "compile_target")
     compiled = trainer.run()
-    assert any("compiled: the target's forward (run.compile_target);" in ln for ln in lines)
+    assert any(note in line for line in lines)
     for a, b in zip(eager, compiled, strict=True):
         assert abs(a.loss - b.loss) <= 1e-4 * abs(a.loss), (a.loss, b.loss)
     torch._dynamo.reset()
