@@ -128,6 +128,15 @@ def check_target(config: TrainConfig) -> str:
             f"{out} outside 0…{layers - 1} for the {layers}-layer target in {folder}",
             "Pick layers of the target, or leave model.init_layers unset (random weights).",
         )
+    width = config.model.intermediate_size
+    if config.model.init_layers and width not in (None, c["intermediate_size"]):
+        raise fail(
+            "model.intermediate_size",
+            f"{width} with model.init_layers: the target's layers in {folder} have an MLP of "
+            f"{c['intermediate_size']}",
+            "Leave model.intermediate_size unset to start from the target's layers, or "
+            "model.init_layers unset to start a wider or narrower MLP from random weights.",
+        )
     if not any(p.suffix in (".safetensors", ".bin") for p in folder.iterdir()):
         raise fail("model.target", f"{folder} has no weights (*.safetensors, *.bin)", hint)
     return f"target {folder}: {family}, {layers} layers, hidden {c['hidden_size']}"

@@ -107,7 +107,7 @@ def shape_from_target(target_config: Any, model: ModelConfig, *, num_features: i
         num_heads=heads,
         num_kv_heads=int(getattr(c, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads),
-        intermediate_size=int(c.intermediate_size),
+        intermediate_size=model.intermediate_size or int(c.intermediate_size),
         rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
         rope=rope_from_target(c),
         attention_bias=bool(getattr(c, "attention_bias", False)),
@@ -243,7 +243,8 @@ class Drafter(nn.Module):
                 "model.init_layers",
                 "the target's layers do not fit the drafter's "
                 f"(missing {missing[:4]}, unknown {extra[:4]}, other shapes {wrong[:4]}); "
-                "remove the key to start from random weights",
+                "remove the key to start from random weights (a model.intermediate_size other "
+                "than the target's cannot start from its layers)",
             )
         for name, p in own.items():
             p.copy_(weights[name].to(device=p.device, dtype=p.dtype))

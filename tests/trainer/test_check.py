@@ -164,6 +164,9 @@ def test_the_target_must_be_a_supported_family_with_weights(
     starts = ("--set", "model.num_layers=2", "--set", "model.init_layers=[0, 4]")
     code, _, err = check(capsys, path, *starts)
     assert code == 1 and "model.init_layers: [4] outside 0…3 for the 4-layer target" in err
+    wider = ("--set", "model.num_layers=2", "--set", "model.init_layers=[0, 1]")
+    code, _, err = check(capsys, path, *wider, "--set", "model.intermediate_size=4096")
+    assert code == 1 and "model.intermediate_size: 4096 with model.init_layers" in err
 
 
 def test_token_ids_past_the_targets_vocabulary_are_caught(

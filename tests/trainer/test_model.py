@@ -53,6 +53,15 @@ def test_forward_shape_and_shape_from_target() -> None:
     assert drafter.fc.weight.shape == (H, 3 * H)
 
 
+def test_the_mlp_width_is_the_targets_unless_set() -> None:
+    drafter = make_drafter(intermediate_size=40)
+    assert drafter.shape.intermediate_size == 40
+    assert drafter.layers[1].mlp.down_proj.weight.shape == (H, 40)
+    assert torch.isfinite(drafter(*inputs())).all()
+    with pytest.raises(TrainConfigError, match="model.intermediate_size: must be > 0"):
+        ModelConfig(target="t", intermediate_size=0)
+
+
 @pytest.mark.parametrize("sliding", [False, True])
 def test_block_sees_only_context_before_its_anchor(sliding: bool) -> None:
     kw = {"sliding_window": 6, "sliding_layers": [1]} if sliding else {}

@@ -90,3 +90,8 @@ def test_an_unfitting_target_layer_is_named(target) -> None:
     with pytest.raises(TrainConfigError, match="missing.*layers.1.input_layernorm.weight") as err:
         drafter.start_from(weights)
     assert "layers.0.mlp.up_proj.weight" in str(err.value)
+
+
+def test_a_wider_mlp_cannot_start_from_the_target_layers(target) -> None:
+    with pytest.raises(TrainConfigError, match="model.intermediate_size other than the target"):
+        worker(target, init_layers=[0, 1], intermediate_size=2 * target.config.intermediate_size)

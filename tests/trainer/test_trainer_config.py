@@ -122,17 +122,24 @@ def test_demo_alone_is_the_demo_config(tmp_path) -> None:
     assert cfg.run.steps == 5 and cfg.model.block_size == 4 and cfg.run.device == "cpu"
 
 
-def test_template_options_tie_checkpoints_only_when_set() -> None:
-    """Checkpoints written before data.enable_thinking/system_prompt existed still resume while
-    those keys keep their defaults; setting one changes the model/data settings."""
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("data.enable_thinking", False), ("data.system_prompt", "x"), ("model.intermediate_size", 64)],
+)
+def test_later_keys_tie_checkpoints_only_when_set(key: str, value: object) -> None:
+    """Checkpoints written before data.enable_thinking, data.system_prompt and
+    model.intermediate_size existed still resume while those keys keep their defaults; setting
+    one changes the model/data settings."""
     from trainer.config import config_from_dict
 
     base = {"model": {"target": "/m"}, "data": {"path": "/d.jsonl"}}
     plain = config_from_dict(base)
-    assert not {"data.enable_thinking", "data.system_prompt"} & set(plain.model_data_settings())
-    thinking = config_from_dict(base, ["data.enable_thinking=false"])
-    assert thinking.model_data_settings()["data.enable_thinking"] is False
-    assert thinking.model_data_hash() != plain.model_data_hash()
+    later = {"data.enable_thinking", "data.system_prompt", "model.intermediate_size"}
+    assert not later & set(plain.model_data_settings())
+    section, name = key.split(".")
+    changed = config_from_dict({**base, section: {**base[section], name: value}})
+    assert changed.model_data_settings()[key] == value
+    assert changed.model_data_hash() != plain.model_data_hash()
 
 
 def test_split_table_is_saved_with_the_checkpoint_and_old_checkpoints_resume(tmp_path) -> None:
