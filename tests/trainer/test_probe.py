@@ -18,7 +18,8 @@ from tests.trainer.test_evaluate_train import BLOCK, make_config
 from trainer.config import TrainConfigError, config_from_dict
 from trainer.curves import TrainingCurves, available
 from trainer.model import Drafter
-from trainer.probe import MEMORISING, MemorisationRule, TauProbe, spread
+from trainer.probe import MEMORISING, MemorisationRule, ProbeReport, TauProbe, spread
+from trainer.speculative import EvalReport
 from trainer.trainer import Trainer
 
 STEPS = 40
@@ -96,8 +97,9 @@ def test_memorising_is_logged_and_recorded(memorised: Run) -> None:
     assert last["tau_train"] > 1.25 * last["tau"], last
     assert last["tau"] < last["tau_prompt_lookup"] + 0.5, last
     step_line = next(x for x in memorised.lines if x.startswith(f"step {STEPS}/"))
+    lo, hi = last["tau_interval"]
     assert (
-        f"| tau {last['tau']:.2f} (train {last['tau_train']:.2f}, "
+        f"| tau {last['tau']:.2f} (95% {lo:.2f}–{hi:.2f}; train {last['tau_train']:.2f}, "
         f"lookup {last['tau_prompt_lookup']:.2f}) |" in step_line
     )
     # rows between probes carry the latest probe, so the last row always has it
@@ -206,3 +208,26 @@ def test_no_tensorboard_no_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert not (tmp_path / "tensorboard").exists()
     TrainingCurves(tmp_path / "off", enabled=False).write({"step": 1, "loss": 1.0})
     assert not (tmp_path / "off").exists()
+
+
+@pytest.mark.parametrize(
+    ("interval", "train", "lookup", "fields"),
+    [
+        ((1.31, 1.8), 5.88, 1.42, " | tau 1.52 (95% 1.31–1.80; train 5.88, lookup 1.42)"),
+        ((1.31, 1.8), None, None, " | tau 1.52 (95% 1.31–1.80)"),
+        (None, None, 1.42, " | tau 1.52 (lookup 1.42)"),
+        (None, None, None, " | tau 1.52"),
+    ],
+)
+def test_the_log_line_shows_the_interval_when_there_is_one(interval, train, lookup, fields) -> None:
+    def report(tau: float, spread=None) -> EvalReport:
+        return EvalReport(tau, [0.5], 2, 4, 40, 26, 30, 40, 1.33, True, tau_interval=spread)
+
+    probe = ProbeReport(
+        3000,
+        report(1.52, interval),
+        None if train is None else report(train),
+        None if lookup is None else report(lookup),
+        memorising=False,
+    )
+    assert probe.log_fields() == fields
