@@ -73,17 +73,15 @@ class ProbeReport:
         """` | tau 1.52 (95% 1.31–1.80; train 5.88, lookup 1.42)` for the step's log line: the
         interval because a probe's few prompts make a coarse gauge of what new prompts get."""
         extra = []
-        spread = ""
-        extra_wanted = self.train is not None or self.baseline is not None
-        if self.held_out.tau_interval is not None:
-            lo, hi = self.held_out.tau_interval
-            spread = f"95% {lo:.2f}–{hi:.2f}" + ("; " if extra_wanted else "")
         if self.train is not None:
             extra.append(f"train {self.train.tau:.2f}")
         if self.baseline is not None:
             extra.append(f"lookup {self.baseline.tau:.2f}")
-        inside = spread + ", ".join(extra)
-        return f" | tau {self.held_out.tau:.2f}" + (f" ({inside})" if inside else "")
+        figures = ", ".join(extra)
+        if self.held_out.tau_interval is not None:
+            lo, hi = self.held_out.tau_interval
+            figures = f"95% {lo:.2f}–{hi:.2f}" + (f"; {figures}" if figures else "")
+        return f" | tau {self.held_out.tau:.2f}" + (f" ({figures})" if figures else "")
 
     def to_json(self) -> str:
         """The whole report as JSON: how a split run's target rank hands it to the drafters."""
