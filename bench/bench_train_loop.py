@@ -44,7 +44,7 @@ def write_target(folder: Path, spec: dict[str, int]) -> None:
     """A random Qwen3 shaped as `bench_eval.py` shapes its target."""
     from transformers import Qwen3ForCausalLM
 
-    from bench.bench_eval import target_config
+    from bench.eval_target import target_config
 
     cfg = target_config(spec["hidden"], spec["layers"], spec["vocab"], pad_token_id=0)
     torch.manual_seed(0)

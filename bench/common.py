@@ -23,6 +23,11 @@ def repo_on_path() -> None:
         sys.path.insert(0, root)
 
 
+def log(msg: str) -> None:
+    """One progress line with the wall-clock time, flushed (the runs are watched as they go)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -18,7 +18,7 @@ def _ids(rows: int, width: int, seed: int) -> torch.Tensor:
 def test_compiled_target_forward_matches_eager_and_settles(tmp_path) -> None:
     from torch._dynamo.utils import counters
 
-    from bench.bench_eval import target_config
+    from bench.eval_target import target_config
     from trainer.data import Batch
     from trainer.pipeline import TargetWorker
     from trainer.target import load_target

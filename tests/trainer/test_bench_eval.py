@@ -243,8 +243,8 @@ def windows_of(stream: list[int], prompts: list[list[int]]) -> bool:
 def test_drafter_prompts_from_files_the_target_never_learnt(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from bench.bench_eval import encode
     from bench.eval_corpus import corpus
+    from bench.eval_target import encode
 
     work, out = tmp_path / "work", tmp_path / "prepare.json"
     split = ("--unseen-every", "2", "--drafter-prompts", "unseen-files", "--gen-temperatures", "0")
