@@ -122,6 +122,13 @@ def shape_from_target(target_config: Any, model: ModelConfig, *, num_features: i
     )
 
 
+def _count(n: int) -> str:
+    """1.05 B, 31.5 M, 4,096."""
+    if n >= 10**9:
+        return f"{n / 1e9:.2f} B"
+    return f"{n / 1e6:.1f} M" if n >= 10**6 else f"{n:,}"
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -218,6 +225,20 @@ class Drafter(nn.Module):
         )
         self.norm = RMSNorm(h, shape.rms_norm_eps)
         self.reset_parameters()
+
+    def describe(self) -> str:
+        """One line for the run's log: the shape a user chose (layers, MLP width, B) and what it
+        costs, so that a run's capacity is on record beside its figures."""
+        s = self.shape
+        params = sum(p.numel() for p in self.parameters())
+        layers = f"{s.num_layers} layer{'s' * (s.num_layers != 1)}"
+        inputs = f"{s.num_features} target layer{'s' * (s.num_features != 1)} in"
+        heads = f"{s.num_heads} heads ({s.num_kv_heads} kv) × {s.head_dim}"
+        return (
+            f"drafter: {layers} × {s.hidden_size}, {heads}, MLP {s.intermediate_size}, "
+            f"B = {s.block_size}, {inputs}; {_count(params)} parameters trained (the target's "
+            "embedding and lm_head borrowed)"
+        )
 
     def reset_parameters(self, std: float = 0.02) -> None:
         for m in self.modules():

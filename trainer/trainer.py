@@ -111,6 +111,7 @@ class Trainer:
         source.start(self.step, DataPosition(**state["data_position"]) if state else DataPosition())
         torch.manual_seed(cfg.run.seed)  # the drafter's initial weights: the same in every run
         self.drafter_worker = source.drafter_worker(cfg)
+        self.emit(self.drafter_worker.drafter.describe())
         note = compile_note(
             drafter=self.drafter_worker.compiled, target=cfg.run.compiles_target_on(self.device)
         )

@@ -62,6 +62,14 @@ def test_the_mlp_width_is_the_targets_unless_set() -> None:
         ModelConfig(target="t", intermediate_size=0)
 
 
+def test_describe_names_the_shape_and_counts_the_trained_parameters() -> None:
+    drafter = make_drafter(intermediate_size=40)
+    params = sum(p.numel() for p in drafter.parameters())
+    line = drafter.describe()
+    assert line.startswith("drafter: 2 layers × 32, 4 heads (2 kv) × 8, MLP 40, B = 4, ")
+    assert f"; {params:,} parameters trained" in line and params < 10**6
+
+
 @pytest.mark.parametrize("sliding", [False, True])
 def test_block_sees_only_context_before_its_anchor(sliding: bool) -> None:
     kw = {"sliding_window": 6, "sliding_layers": [1]} if sliding else {}

@@ -186,6 +186,8 @@ def test_the_batch_drawn_ahead_is_not_counted_before_it_is_trained(tmp_path, ass
     trainer = Trainer(cfg, tmp_path / "run", emit=lines.append)
     per_epoch = len(trainer.source.stream.samples) // 4  # batch_size 4, the tail dropped
     assert 2 <= per_epoch < 12
+    assert trainer.drafter_worker.drafter.describe() in lines  # the run's shape, on record
+    assert lines[-1].startswith("drafter: 1 layer × 64, ")
     trainer.run(until=per_epoch)
     assert trainer.state()["data_position"] == {"epoch": 0, "index": 4 * per_epoch}
     assert not any("begins" in line for line in lines)
