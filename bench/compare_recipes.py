@@ -24,7 +24,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +32,7 @@ BENCH = ROOT / "bench" / "bench_eval.py"
 if str(ROOT) not in sys.path:  # the trainer package, when run as a script
     sys.path.insert(0, str(ROOT))
 
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+from bench.common import log  # noqa: E402
 
 
 def parse_recipe(text: str) -> tuple[str, str]:
