@@ -65,6 +65,7 @@ import math
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,7 @@ from trainer.evaluate import load_drafter  # noqa: E402
 from trainer.hf_format import DTYPES  # noqa: E402
 from trainer.probe import spread  # noqa: E402
 from trainer.prompt_lookup import PromptLookupDrafter  # noqa: E402
+from trainer.shards import ShardSamples  # noqa: E402
 from trainer.speculative import LosslessViolation, evaluate, greedy_outputs  # noqa: E402
 from trainer.target import Target, load_target  # noqa: E402
 
@@ -337,6 +339,17 @@ def drafter_config(
     )
 
 
+def point_data(work: Path, samples: Sequence[Sample]) -> Path:
+    """Where a point's trainer reads its samples: all of one `trainer.generate` run → its shard
+    folder itself, memory-mapped as a user's run reads it (nothing copied: at hundreds of
+    thousands of samples a copy costs minutes and gigabytes); else `work/train-<n>.jsonl`."""
+    if isinstance(samples, ShardSamples) and samples.whole:
+        return samples.source.folder
+    data = work / f"train-{len(samples)}.jsonl"
+    write_samples(data, samples)
+    return data
+
+
 def drafter_point(
     args: argparse.Namespace,
     samples: list[Sample],
@@ -349,8 +362,7 @@ def drafter_point(
     from trainer.trainer import Trainer
 
     work = Path(args.work)
-    data = work / f"train-{len(samples)}.jsonl"
-    write_samples(data, samples)
+    data = point_data(work, samples)
     run_dir = work / f"run-{len(samples)}"
     shutil.rmtree(run_dir, ignore_errors=True)  # a previous run's checkpoint would be resumed
     t0 = time.perf_counter()

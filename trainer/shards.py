@@ -212,6 +212,11 @@ class ShardSamples(Sequence["Sample"]):
     def __len__(self) -> int:
         return len(self.rows)
 
+    @property
+    def whole(self) -> bool:
+        """Every sample of the folder, in order, uncut: the folder itself reads the same."""
+        return self.rows == range(len(self.source)) and self.max_len is None
+
     @overload
     def __getitem__(self, i: int) -> Sample: ...
 

@@ -410,3 +410,26 @@ def test_summary_reads_results_written_before_the_export_was_measured() -> None:
     cells = rows[2].split("|")
     assert cells[1].strip() == "target-files" and cells[6].strip() == "—"
     assert cells[5].strip().startswith("2.22 (")
+
+
+def test_a_point_on_all_of_one_generated_run_reads_its_shards_in_place(tmp_path: Path) -> None:
+    from bench.bench_eval import point_data
+    from trainer.shards import shard_name, write_shard
+
+    folder = tmp_path / "generated"
+    folder.mkdir()
+    rows = [([i, i + 1, i + 2, i + 3, i + 4], [False, False, True, True, True]) for i in range(6)]
+    write_shard(folder / shard_name(0), rows[:4])
+    write_shard(folder / shard_name(1), rows[4:])
+    work = tmp_path / "work"
+    work.mkdir()
+    every = load_samples(folder)
+    assert point_data(work, every) == folder  # nothing copied
+    assert point_data(work, every[:6]) == folder  # a slice that is all of it, too
+    assert list(work.iterdir()) == []
+    first = point_data(work, every[:3])  # a part: a file of just those samples
+    assert first == work / "train-3.jsonl"
+    assert [s.input_ids for s in load_samples(first)] == [list(r[0]) for r in rows[:3]]
+    cut = point_data(work, load_samples(folder, max_len=4))  # cut samples: not the folder's
+    assert cut == work / "train-6.jsonl"
+    assert [len(s.input_ids) for s in load_samples(cut)] == [4] * 6
