@@ -262,6 +262,7 @@ def measure(
         violation = None
     except LosslessViolation as exc:
         violation = str(exc)
+        log(f"lossless check: {violation}; τ measured again without the check")
         report = evaluate(target, block, prompts, max_new_tokens=max_new, check_lossless=False)
     row = asdict(report)
     row["lossless"] = violation is None

@@ -433,3 +433,23 @@ def test_a_point_on_all_of_one_generated_run_reads_its_shards_in_place(tmp_path:
     cut = point_data(work, load_samples(folder, max_len=4))  # cut samples: not the folder's
     assert cut == work / "train-6.jsonl"
     assert [len(s.input_ids) for s in load_samples(cut)] == [4] * 6
+
+
+def test_a_lossless_violation_is_logged_and_tau_still_measured(tmp_path_factory, capsys) -> None:
+    from bench.bench_eval import measure
+    from tests.trainer.demo_target import demo_target
+    from trainer.prompt_lookup import PromptLookupDrafter
+    from trainer.speculative import greedy_outputs
+
+    target = demo_target(tmp_path_factory)
+    prompts = [[5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11]]
+    want = greedy_outputs(target, prompts, 8)
+    lookup = PromptLookupDrafter(block_size=4, max_n=2)
+    clean = measure(target, lookup, prompts, 8, expected=want)
+    assert clean["lossless"] is True and clean["lossless_violation"] is None
+    wrong = [want[0], [*want[1][:3], (want[1][3] + 1) % 256, *want[1][4:]]]
+    row = measure(target, lookup, prompts, 8, expected=wrong)
+    assert row["lossless"] is False and row["lossless_checked"] is False
+    assert row["lossless_violation"].startswith("prompt 1: new token 3 is")
+    assert row["tau"] == clean["tau"]  # the same decoding, measured without the check
+    assert "lossless check: prompt 1: new token 3" in capsys.readouterr().out
