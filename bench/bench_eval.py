@@ -96,10 +96,11 @@ from trainer.drafters import BlockDrafter, DFlashDrafter  # noqa: E402
 from trainer.eval_prompts import prompt_of_sample  # noqa: E402
 from trainer.evaluate import load_drafter  # noqa: E402
 from trainer.hf_format import DTYPES  # noqa: E402
+from trainer.lossless import LosslessViolation  # noqa: E402
 from trainer.probe import spread  # noqa: E402
 from trainer.prompt_lookup import PromptLookupDrafter  # noqa: E402
 from trainer.shards import ShardSamples  # noqa: E402
-from trainer.speculative import LosslessViolation, evaluate, greedy_outputs  # noqa: E402
+from trainer.speculative import evaluate, greedy_outputs  # noqa: E402
 from trainer.target import Target, load_target  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "h200-eval.json"

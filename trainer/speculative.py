@@ -26,8 +26,9 @@ then cut at the token budget or EOS); per-slot acceptance (the fraction of verif
 draft at slot k was accepted, so τ = 1 + Σ_k rate_k); for a trained drafter, its accuracy by
 slot at every output position (`trainer.slot_accuracy`, the training log's measure); the
 speed-up in target forwards against plain greedy decoding (one forward per new token); and, when
-asked, a lossless check against the target's own greedy output computed by plain decoding — a
-difference raises `LosslessViolation`.
+asked, a lossless check against the target's own greedy output computed by plain decoding
+(`trainer.lossless`: near-ties of the target's logits are counted, any other difference raises
+`LosslessViolation`).
 Any `BlockDrafter` can be judged: a trained drafter (`DFlashDrafter`) or a baseline such as
 prompt lookup (`trainer.prompt_lookup`), which may propose fewer than B−1 tokens; the verify
 pass then covers only what was proposed.
@@ -42,7 +43,7 @@ import torch
 from torch import Tensor
 
 from trainer.drafters import BlockDrafter, DFlashDrafter, DraftRequest, draft_many
-from trainer.errors import TrainerError
+from trainer.lossless import check_output
 from trainer.slot_accuracy import SlotAccuracy
 from trainer.target import Target, TargetOutput
 from trainer.tau_bootstrap import prompt_counts, tau_interval
@@ -52,33 +53,7 @@ from trainer.tau_bootstrap import prompt_counts, tau_interval
 BATCH_TOKENS = 8192
 
 
-class LosslessViolation(TrainerError):
-    """Speculative decoding produced a token the target's own greedy decoding does not."""
-
-    hint = (
-        "Speculative decoding must reproduce the target exactly: a bug in the verify step, or "
-        "numerics that change the target's argmax between forward lengths (see the logit margin)."
-    )
-
-    def __init__(
-        self, *, prompt: int, position: int, expected: int | None, got: int | None, margin: float
-    ) -> None:
-        super().__init__(
-            f"prompt {prompt}: new token {position} is {got} with speculative decoding, "
-            f"{expected} with plain greedy decoding (target top-2 logit margin there: {margin:.3g})"
-        )
-        self.prompt = prompt
-        self.position = position
-        self.expected = expected
-        self.got = got
-
-
 # ---- decoding --------------------------------------------------------------------------------
-
-
-def _logits(target: Target, last_hidden: Tensor) -> Tensor:
-    """(…, H) → (…, V) fp32 through the frozen lm_head."""
-    return last_hidden.float() @ target.lm_head_weight.float().T
 
 
 def _eos_ids(target: Target, eos: Sequence[int] | None) -> set[int]:
@@ -110,7 +85,7 @@ def _forward_next(target: Target, seqs: Sequence[Sequence[int]]) -> tuple[Target
     out = target(_rows(seqs, target.device))
     last = torch.tensor([len(q) - 1 for q in seqs], device=target.device)
     rows = torch.arange(len(seqs), device=target.device)
-    return out, _logits(target, out.last_hidden[rows, last]).argmax(-1).tolist()
+    return out, target.logits(out.last_hidden[rows, last]).argmax(-1).tolist()
 
 
 def greedy_decode(
@@ -252,7 +227,7 @@ def _verify_round(
     for row, (q, d, i) in enumerate(zip(seqs, drafts, indices, strict=True)):
         anchor, k = len(q.ids) - 1, d.shape[0]
         q.forwards += 1
-        preds = _logits(target, out.last_hidden[row, anchor : anchor + k + 1]).argmax(-1)
+        preds = target.logits(out.last_hidden[row, anchor : anchor + k + 1]).argmax(-1)
         a = int((d == preds[:k]).long().cumprod(0).sum())  # longest matching prefix
         q.accepted.append(a)
         gained = [*d[:a].tolist(), int(preds[a])]
@@ -279,6 +254,9 @@ class EvalReport:
     plain_forwards: int  # plain greedy decoding: one per new token
     speedup: float  # plain_forwards / target_forwards
     lossless_checked: bool
+    # where plain and speculative decoding picked different tokens whose logits were tied within
+    # the target's rounding (`trainer.lossless`); lossless all the same
+    lossless_ties: int = 0
     # slots 1 … B−1: right proposals of a block drafted at every output position, as in training
     # (`trainer.slot_accuracy`); None for a drafter that is not a trained one
     slot_accuracy: list[float] | None = None
@@ -305,6 +283,8 @@ class EvalReport:
     def summary(self) -> str:
         slots = _percents(self.slot_acceptance)
         check = "lossless" if self.lossless_checked else "lossless not checked"
+        if self.lossless_ties:
+            check += f" ({self.lossless_ties} near-tie{'s' if self.lossless_ties > 1 else ''})"
         every = ""
         if self.slot_accuracy is not None:
             every = f" | acc% at every position {_percents(self.slot_accuracy)}"
@@ -338,7 +318,8 @@ def evaluate(
 ) -> EvalReport:
     """Speculative decoding over `prompts`; with `check_lossless`, also plain greedy decoding
     of each prompt (or its output given in `expected`, to decode it once for several drafters),
-    and `LosslessViolation` on the first differing token. Prompts go in batches of about
+    and `LosslessViolation` on the first differing token that is no near-tie (those are
+    counted: `trainer.lossless`). Prompts go in batches of about
     `batch_tokens` tokens at their longest (`prompt_batches`); `progress(done, total, τ so
     far)` after each batch (a long evaluation is not silent until its end)."""
     if max_new_tokens < 1:
@@ -350,6 +331,7 @@ def evaluate(
     b = drafter.block_size
     results: list[PromptResult] = []
     every = SlotAccuracy(target, drafter) if isinstance(drafter, DFlashDrafter) else None
+    stop, ties = _eos_ids(target, eos), 0
     for batch in prompt_batches(prompts, max_new_tokens + b, batch_tokens):
         chunk = [prompts[i] for i in batch]
         decoded = speculative_decode_many(target, drafter, chunk, max_new_tokens, eos=eos)
@@ -360,7 +342,9 @@ def evaluate(
                 else [expected[i] for i in batch]
             )
             for i, res, w in zip(batch, decoded, want, strict=True):
-                _check_lossless(target, i, prompts[i], res.tokens, w)
+                ties += check_output(
+                    target, i, prompts[i], res.tokens, w, max_new_tokens=max_new_tokens, eos=stop
+                )
         for prompt, res in zip(chunk, decoded, strict=True):
             if every is not None:  # the output is the target's greedy one (checked or not)
                 every.add(prompt, res.tokens)
@@ -386,6 +370,7 @@ def evaluate(
         plain_forwards=new_tokens,
         speedup=new_tokens / forwards,
         lossless_checked=check_lossless,
+        lossless_ties=ties,
         slot_accuracy=None if every is None else every.rates(),
         tau_interval=tau_interval(counts) if verifies else None,
         prompt_counts=counts,
@@ -409,30 +394,3 @@ def prompt_batches(
             batches.append([i])
             longest = len(prompt) + extra
     return batches
-
-
-def _check_lossless(
-    target: Target,
-    index: int,
-    prompt: Sequence[int],
-    got: list[int],
-    want: list[int],
-) -> None:
-    """`LosslessViolation` at the first token where `got` differs from the target's greedy
-    output `want`."""
-    if got == want:
-        return
-    pos = next(
-        (j for j, (w, g) in enumerate(zip(want, got, strict=False)) if w != g),
-        min(len(want), len(got)),
-    )
-    with torch.no_grad():
-        seq = torch.tensor([[*prompt, *want[:pos]]], device=target.device)
-        top2 = _logits(target, target(seq).last_hidden[0, -1]).topk(2).values
-    raise LosslessViolation(
-        prompt=index,
-        position=pos,
-        expected=want[pos] if pos < len(want) else None,
-        got=got[pos] if pos < len(got) else None,
-        margin=float(top2[0] - top2[1]),
-    )

@@ -71,6 +71,10 @@ class Target:
     def device(self) -> torch.device:
         return self.embed_weight.device
 
+    def logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        """(…, H) final hidden states → (…, V) fp32 logits through the frozen lm_head."""
+        return last_hidden.float() @ self.lm_head_weight.float().T
+
     def starting_weights(self, layers: list[int]) -> dict[str, torch.Tensor]:
         """The weights that start a drafter from this target (`model.init_layers`): decoder
         layer `layers[i]` under the drafter's names `layers.i.…`, and the final norm as `norm.…`.

@@ -16,11 +16,10 @@ from trainer.config import ModelConfig
 from trainer.drafters import DFlashDrafter
 from trainer.eval_prompts import PromptFileError, load_prompts
 from trainer.evaluate import compare
+from trainer.lossless import LosslessViolation, check_output
 from trainer.model import Drafter, shape_from_target
 from trainer.prompt_lookup import PromptLookupDrafter
 from trainer.speculative import (
-    LosslessViolation,
-    _check_lossless,
     evaluate,
     greedy_decode,
     speculative_decode,
@@ -130,7 +129,7 @@ def test_lossless_violation_names_prompt_and_position(target) -> None:
     want = greedy_decode(target, prompt, 8, eos=[])
     bad = [*want[:5], (want[5] + 1) % 256, *want[6:]]
     with pytest.raises(LosslessViolation) as err:
-        _check_lossless(target, 3, prompt, bad, want)
+        check_output(target, 3, prompt, bad, want, max_new_tokens=8, eos=set())
     assert err.value.prompt == 3 and err.value.position == 5
     assert err.value.expected == want[5] and "prompt 3: new token 5" in str(err.value)
 
