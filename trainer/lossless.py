@@ -110,16 +110,18 @@ def _check_alone(
     decoding would stop."""
     seq = torch.tensor([[*prompt, *got]], device=target.device)
     logits = target.logits(target(seq).last_hidden[0, len(prompt) - 1 :])  # (len(got) + 1, V)
+    for j in range(start - 1, len(got) - 1):
+        if got[j] in eos:  # decoding went on past an EOS
+            raise _violation(index, j + 1, logits[j + 1], got[j + 1])
+    if len(got) > max_new_tokens:
+        raise _violation(index, max_new_tokens, logits[max_new_tokens], got[max_new_tokens])
     ties = 0
     for j in range(start, len(got)):
-        if got[j] in eos and j < len(got) - 1:  # decoding goes on past an EOS
-            raise _violation(index, j + 1, logits[j + 1], got[j + 1])
         if int(logits[j].argmax()) != got[j]:
             if not _tied(target, logits[j], got[j]):
                 raise _violation(index, j, logits[j], got[j])
             ties += 1
-    stopped = len(got) >= max_new_tokens or (bool(got) and got[-1] in eos)
-    if not stopped:
+    if len(got) < max_new_tokens and got[-1] not in eos:  # stopped early
         raise _violation(index, len(got), logits[len(got)], None)
     return ties
 

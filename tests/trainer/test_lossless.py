@@ -92,6 +92,13 @@ def test_past_a_tie_a_wrong_token_or_an_early_stop_is_a_violation(tmp_path_facto
     assert err.value.position == 6
     # cut right after it, the output is whole
     assert check_output(target, 3, PROMPT, other[:6], want, max_new_tokens=NEW, eos={other[5]}) == 1
+    # the tied token itself an EOS, and decoding went on
+    with pytest.raises(LosslessViolation) as err:
+        check_output(target, 3, PROMPT, other, want, max_new_tokens=NEW, eos={b})
+    assert err.value.position == AT + 1
+    with pytest.raises(LosslessViolation) as err:  # past the token budget
+        check_output(target, 3, PROMPT, other, want, max_new_tokens=NEW - 2, eos=set())
+    assert err.value.position == NEW - 2 and err.value.got == other[NEW - 2]
 
 
 def test_the_tolerance_follows_the_target_precision(tmp_path_factory) -> None:
