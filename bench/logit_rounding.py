@@ -1,0 +1,74 @@
+"""How far rounding moves a target's logits between forward lengths: the scale behind the lossless
+check's tie tolerance (`trainer/lossless.py`).
+
+    python bench/logit_rounding.py                 # CPU: random Qwen3s of 4 and 16 layers
+    python bench/logit_rounding.py --device cuda   # the same on a GPU (its own kernels round)
+
+Plain greedy decoding reads position L−1 from a forward over L tokens; speculative decoding reads
+it from a longer verify forward. For each precision and depth this prints the largest change of
+any logit at the same position between the two, relative to the best logit there (at least 1).
+The lm_head is scaled so that the best logit is about 60, as peaked as a trained model's.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from common import repo_on_path
+
+repo_on_path()
+
+from trainer.lossless import HALF_RTOL, TIE_RTOL  # noqa: E402
+from trainer.target import Target  # noqa: E402
+
+
+def random_target(layers: int, dtype: torch.dtype, device: str) -> Target:
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=4096, hidden_size=512, intermediate_size=1344, num_hidden_layers=layers,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40)
+    return Target(model.to(device=device, dtype=dtype), [0])
+
+
+@torch.no_grad()
+def largest_change(target: Target, *, trials: int = 3, length: int = 96) -> float:
+    """max over positions and logits of |prefix forward − full forward| ÷ max(1, |best logit|)."""
+    gen = torch.Generator().manual_seed(1)
+    worst = 0.0
+    for _ in range(trials):
+        seq = torch.randint(0, 4096, (1, length), generator=gen).to(target.device)
+        full = target.logits(target(seq).last_hidden[0])
+        for end in range(16, length, 9):
+            part = target.logits(target(seq[:, :end]).last_hidden[0, -1])
+            best = float(full[end - 1].max())
+            change = float((part - full[end - 1]).abs().max())
+            worst = max(worst, change / max(1.0, abs(best)))
+    return worst
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--layers", default="4,16", help="depths, comma-separated")
+    args = p.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    print("| layers | dtype | largest relative change | tie tolerance |")
+    print("| --- | --- | --- | --- |")
+    for layers in (int(n) for n in args.layers.split(",")):
+        for dtype in (torch.float32, torch.bfloat16):
+            change = largest_change(random_target(layers, dtype, args.device))
+            tolerance = TIE_RTOL.get(dtype, HALF_RTOL)
+            print(
+                f"| {layers} | {str(dtype).removeprefix('torch.')} | {change:.2e} | {tolerance:g} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
