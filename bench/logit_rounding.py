@@ -13,11 +13,14 @@ The lm_head is scaled so that the best logit is about 60, as peaked as a trained
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
-from common import repo_on_path
 
-repo_on_path()
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 from trainer.lossless import HALF_RTOL, TIE_RTOL  # noqa: E402
 from trainer.target import Target  # noqa: E402
