@@ -22,19 +22,17 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.eval_target import target_config  # noqa: E402
 from trainer.lossless import HALF_RTOL, TIE_RTOL  # noqa: E402
 from trainer.target import Target  # noqa: E402
 
 
 def random_target(layers: int, dtype: torch.dtype, device: str) -> Target:
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    """A random Qwen3 of `layers` × 512 shaped as `bench_eval.py` shapes its target."""
+    from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=4096, hidden_size=512, intermediate_size=1344, num_hidden_layers=layers,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
-    )  # fmt: skip
-    model = AutoModelForCausalLM.from_config(config)
+    model = Qwen3ForCausalLM(target_config(512, layers, 4096, pad_token_id=0))
     with torch.no_grad():
         model.lm_head.weight.mul_(40)
     return Target(model.to(device=device, dtype=dtype), [0])
@@ -61,7 +59,6 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--layers", default="4,16", help="depths, comma-separated")
     args = p.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     print("| layers | dtype | largest relative change | tie tolerance |")
     print("| --- | --- | --- | --- |")
     for layers in (int(n) for n in args.layers.split(",")):

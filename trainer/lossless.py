@@ -78,10 +78,10 @@ def check_output(
     with torch.no_grad():
         seq = torch.tensor([[*prompt, *want[:pos]]], device=target.device)
         logits = target.logits(target(seq).last_hidden[0, -1])
-    top2 = logits.topk(2).values
     both = pos < min(len(want), len(got))
     if both and _tied(target, logits, got[pos]) and _tied(target, logits, want[pos]):
         return 1 + _check_alone(target, index, prompt, got, pos + 1, max_new_tokens, eos)
+    top2 = logits.topk(2).values
     raise LosslessViolation(
         prompt=index,
         position=pos,
