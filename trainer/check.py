@@ -128,18 +128,38 @@ def check_target(config: TrainConfig) -> str:
             f"{out} outside 0…{layers - 1} for the {layers}-layer target in {folder}",
             "Pick layers of the target, or leave model.init_layers unset (random weights).",
         )
-    width = config.model.intermediate_size
-    if config.model.init_layers and width not in (None, c["intermediate_size"]):
-        raise fail(
-            "model.intermediate_size",
-            f"{width} with model.init_layers: the target's layers in {folder} have an MLP of "
-            f"{c['intermediate_size']}",
-            "Leave model.intermediate_size unset to start from the target's layers, or "
-            "model.init_layers unset to start a wider or narrower MLP from random weights.",
-        )
+    _check_own_shape(config, c, folder)
     if not any(p.suffix in (".safetensors", ".bin") for p in folder.iterdir()):
         raise fail("model.target", f"{folder} has no weights (*.safetensors, *.bin)", hint)
     return f"target {folder}: {family}, {layers} layers, hidden {c['hidden_size']}"
+
+
+def _check_own_shape(config: TrainConfig, c: dict[str, Any], folder: Path) -> None:
+    """The drafter's own MLP width and key/value heads: a divisor of the target's heads, and
+    the target's own where the drafter starts from the target's layers."""
+    m = config.model
+    heads = c["num_attention_heads"]
+    target_kv = c.get("num_key_value_heads") or heads
+    if m.num_kv_heads is not None and heads % m.num_kv_heads:
+        divisors = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+        raise fail(
+            "model.num_kv_heads",
+            f"{m.num_kv_heads} does not divide the {heads} attention heads of {folder}",
+            f"Pick one of {divisors}, or leave model.num_kv_heads unset (the target's).",
+        )
+    own = {
+        "model.intermediate_size": (m.intermediate_size, c["intermediate_size"], "an MLP of {}"),
+        "model.num_kv_heads": (m.num_kv_heads, target_kv, "{} key/value heads"),
+    }
+    for key, (value, target_value, what) in own.items():
+        if m.init_layers and value not in (None, target_value):
+            raise fail(
+                key,
+                f"{value} with model.init_layers: the target's layers in {folder} have "
+                f"{what.format(target_value)}",
+                f"Leave {key} unset to start from the target's layers, or model.init_layers "
+                "unset to start the drafter's own shape from random weights.",
+            )
 
 
 # ---- the data --------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ class ModelConfig:
     target: str = ""  # local folder of the target (save_pretrained layout); never a hub id
     num_layers: int = 5  # drafter decoder layers
     intermediate_size: int | None = None  # the drafter's MLP width; None: the target's
+    num_kv_heads: int | None = None  # the drafter's key/value heads; None: the target's
     block_size: int = 16  # B: [x_p, MASK × (B−1)]
     mask_token_id: int | None = None  # None: the target config's pad_token_id, else vocab_size − 1
     target_layers: list[int] | None = None  # 0-based decoder layers; None: spread from 1 to L−3
@@ -52,6 +53,8 @@ class ModelConfig:
         _positive("model.num_layers", self.num_layers)
         if self.intermediate_size is not None:
             _positive("model.intermediate_size", self.intermediate_size)
+        if self.num_kv_heads is not None:
+            _positive("model.num_kv_heads", self.num_kv_heads)
         starts = self.init_layers
         if starts is not None and (len(starts) != self.num_layers or min(starts) < 0):
             raise TrainConfigError(
@@ -384,6 +387,7 @@ _ADDED_LATER: dict[str, Any] = {
     "data.enable_thinking": None,
     "data.system_prompt": "",
     "model.intermediate_size": None,
+    "model.num_kv_heads": None,
 }
 # Keys that only choose the weights of step 0: a resumed run may change them.
 _STARTING_WEIGHTS = ("model.init_layers",)

@@ -91,12 +91,27 @@ class DrafterShape:
         ]
 
 
+# The drafter's own shape keys, by the parameters whose shapes they change.
+_OWN_SHAPE = {
+    "model.intermediate_size": (".mlp.",),
+    "model.num_kv_heads": (".self_attn.k_proj.", ".self_attn.v_proj."),
+}
+
+
 def shape_from_target(target_config: Any, model: ModelConfig, *, num_features: int) -> DrafterShape:
     """Take the layer shape, rope and bias from a `transformers` config; a target the served
     drafter cannot follow raises `UnsupportedTarget` (`check_target_supported`)."""
     c = decoder_config(target_config)
     check_target_supported(c)
     heads = int(c.num_attention_heads)
+    kv_heads = model.num_kv_heads or int(getattr(c, "num_key_value_heads", None) or heads)
+    if heads % kv_heads:
+        raise TrainConfigError(
+            "model.num_kv_heads",
+            f"{kv_heads} does not divide the target's {heads} attention heads: pick one of "
+            f"{', '.join(str(d) for d in range(1, heads + 1) if heads % d == 0)}, or leave it "
+            "unset (the target's)",
+        )
     vocab = int(c.vocab_size)
     mask_id = model.mask_token_id
     if mask_id is None:
@@ -105,7 +120,7 @@ def shape_from_target(target_config: Any, model: ModelConfig, *, num_features: i
     return DrafterShape(
         hidden_size=int(c.hidden_size),
         num_heads=heads,
-        num_kv_heads=int(getattr(c, "num_key_value_heads", None) or heads),
+        num_kv_heads=kv_heads,
         head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads),
         intermediate_size=model.intermediate_size or int(c.intermediate_size),
         rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
@@ -260,12 +275,17 @@ class Drafter(nn.Module):
         extra = sorted(set(weights) - set(own))
         wrong = [n for n in own if n in weights and weights[n].shape != own[n].shape]
         if missing or extra or wrong:
+            own_shape = [
+                key
+                for key, parts in _OWN_SHAPE.items()
+                if any(p in n for p in parts for n in wrong)
+            ]
+            why = f" (a {' and '.join(own_shape)} other than the target's)" if own_shape else ""
             raise TrainConfigError(
                 "model.init_layers",
                 "the target's layers do not fit the drafter's "
-                f"(missing {missing[:4]}, unknown {extra[:4]}, other shapes {wrong[:4]}); "
-                "remove the key to start from random weights (a model.intermediate_size other "
-                "than the target's cannot start from its layers)",
+                f"(missing {missing[:4]}, unknown {extra[:4]}, other shapes {wrong[:4]}){why}; "
+                "remove the key to start from random weights",
             )
         for name, p in own.items():
             p.copy_(weights[name].to(device=p.device, dtype=p.dtype))

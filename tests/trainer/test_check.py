@@ -167,6 +167,13 @@ def test_the_target_must_be_a_supported_family_with_weights(
     wider = ("--set", "model.num_layers=2", "--set", "model.init_layers=[0, 1]")
     code, _, err = check(capsys, path, *wider, "--set", "model.intermediate_size=4096")
     assert code == 1 and "model.intermediate_size: 4096 with model.init_layers" in err
+    code, _, err = check(capsys, path, *wider, "--set", "model.num_kv_heads=4")
+    assert code == 1 and "model.num_kv_heads: 4 with model.init_layers" in err
+    assert "have 2 key/value heads" in err
+    code, _, err = check(capsys, path, "--set", "model.num_kv_heads=3")
+    assert code == 1 and "model.num_kv_heads: 3 does not divide the 4 attention heads" in err
+    assert "Pick one of 1, 2, 4" in err
+    assert check(capsys, path, "--set", "model.num_kv_heads=4")[0] == 0
 
 
 def test_token_ids_past_the_targets_vocabulary_are_caught(

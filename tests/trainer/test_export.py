@@ -284,21 +284,34 @@ def test_entry_points_export_and_evaluate_the_folder(run, tmp_path) -> None:
     assert again.returncode == 2 and "exists" in again.stderr
 
 
-def test_a_drafter_with_its_own_mlp_width_exports_and_reads_back(tmp_path) -> None:
-    """`model.intermediate_size` (not the target's 128) is the folder's `intermediate_size`, the
-    one key the engines build the MLP from; read back, the drafter drafts the same; exporting
-    its checkpoint with a config without the key is refused by name."""
+@pytest.mark.parametrize(
+    ("key", "value", "config_key", "weight"),
+    [
+        ("intermediate_size", 96, "intermediate_size", "layers.0.mlp.up_proj.weight"),
+        ("num_kv_heads", 4, "num_key_value_heads", "layers.0.self_attn.k_proj.weight"),
+    ],
+)
+def test_a_drafter_of_its_own_shape_exports_and_reads_back(
+    tmp_path, key: str, value: int, config_key: str, weight: str
+) -> None:
+    """`model.intermediate_size` / `model.num_kv_heads` (not the target's 128 / 2) are the
+    folder's `intermediate_size` / `num_key_value_heads`, the keys the engines build the MLP and
+    the attention from; read back, the drafter drafts the same; exporting its checkpoint with a
+    config without the key is refused by name."""
     raw = {k: dict(v) for k, v in RAW.items()}
     raw["demo"]["folder"] = str(tmp_path / "assets")
-    raw["model"] = {**raw["model"], "intermediate_size": 96}
+    raw["model"] = {**raw["model"], key: value}
     raw["run"] = {**raw["run"], "steps": 2}
     trainer = Trainer(config_from_dict(raw), tmp_path / "run", emit=lambda _: None)
     trainer.run()
     folder = export(trainer.config, tmp_path / "run", tmp_path / "out", dtype="fp32")
     cfg = json.loads((folder / "config.json").read_text())
-    assert cfg["intermediate_size"] == 96 != trainer.source.target.config.intermediate_size
+    assert cfg[config_key] == value != getattr(trainer.source.target.config, config_key)
     loaded, _ = load_folder(folder)
-    assert loaded.layers[0].mlp.up_proj.weight.shape == (96, cfg["hidden_size"])
+    assert (
+        loaded.state_dict()[weight].shape
+        == trainer.drafter_worker.drafter.state_dict()[weight].shape
+    )
     target = trainer.source.target
     ids = torch.tensor([load_samples(trainer.config.data.path)[0].input_ids[:32]])
     anchors = torch.tensor([[3, 9, 17, 25]])
@@ -306,6 +319,6 @@ def test_a_drafter_with_its_own_mlp_width_exports_and_reads_back(tmp_path) -> No
     want = block_logits(trained, target, target(ids).features, ids, anchors)
     got = block_logits(loaded, target, target(ids).features, ids, anchors)
     assert ((got - want).abs().max() / want.abs().max()).item() <= 1e-6
-    raw["model"].pop("intermediate_size")
-    with pytest.raises(ExportRefused, match="model.intermediate_size"):
+    raw["model"].pop(key)
+    with pytest.raises(ExportRefused, match=f"model.{key}"):
         export(config_from_dict(raw), tmp_path / "run", tmp_path / "other")

@@ -62,6 +62,21 @@ def test_the_mlp_width_is_the_targets_unless_set() -> None:
         ModelConfig(target="t", intermediate_size=0)
 
 
+def test_the_key_value_heads_are_the_targets_unless_set() -> None:
+    """`model.num_kv_heads`: a wider (or narrower) channel from the target's features than the
+    target's own GQA; any divisor of the heads, anything else refused with the choices."""
+    for kv in (4, 1):
+        drafter = make_drafter(num_kv_heads=kv)
+        assert drafter.shape.num_kv_heads == kv
+        assert drafter.layers[0].self_attn.v_proj.weight.shape == (kv * 8, H)
+        assert torch.isfinite(drafter(*inputs())).all()
+    with pytest.raises(TrainConfigError, match="3 does not divide the target's 4 attention heads: "
+                       "pick one of 1, 2, 4"):  # fmt: skip
+        make_drafter(num_kv_heads=3)
+    with pytest.raises(TrainConfigError, match="model.num_kv_heads: must be > 0"):
+        ModelConfig(target="t", num_kv_heads=0)
+
+
 def test_describe_names_the_shape_and_counts_the_trained_parameters() -> None:
     drafter = make_drafter(intermediate_size=40)
     params = sum(p.numel() for p in drafter.parameters())
@@ -70,10 +85,10 @@ def test_describe_names_the_shape_and_counts_the_trained_parameters() -> None:
     assert f"; {params:,} parameters trained" in line and params < 10**6
 
 
-@pytest.mark.parametrize("sliding", [False, True])
-def test_block_sees_only_context_before_its_anchor(sliding: bool) -> None:
+@pytest.mark.parametrize(("sliding", "kv_heads"), [(False, None), (True, None), (False, 4)])
+def test_block_sees_only_context_before_its_anchor(sliding: bool, kv_heads: int | None) -> None:
     kw = {"sliding_window": 6, "sliding_layers": [1]} if sliding else {}
-    drafter = make_drafter(**kw)
+    drafter = make_drafter(num_kv_heads=kv_heads, **kw)
     features, ids, anchors, valid, embed = inputs()
     base = drafter(features, ids, anchors, valid, embed)
     # perturb context features (and tokens) at and after anchor 9 (row 0, block 1): blocks 0 and

@@ -95,3 +95,9 @@ def test_an_unfitting_target_layer_is_named(target) -> None:
 def test_a_wider_mlp_cannot_start_from_the_target_layers(target) -> None:
     with pytest.raises(TrainConfigError, match="model.intermediate_size other than the target"):
         worker(target, init_layers=[0, 1], intermediate_size=2 * target.config.intermediate_size)
+
+
+def test_other_key_value_heads_cannot_start_from_the_target_layers(target) -> None:
+    kv = 2 * target.config.num_key_value_heads
+    with pytest.raises(TrainConfigError, match="model.num_kv_heads other than the target"):
+        worker(target, init_layers=[0, 1], num_kv_heads=kv)

@@ -124,17 +124,27 @@ def test_demo_alone_is_the_demo_config(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("data.enable_thinking", False), ("data.system_prompt", "x"), ("model.intermediate_size", 64)],
+    [
+        ("data.enable_thinking", False),
+        ("data.system_prompt", "x"),
+        ("model.intermediate_size", 64),
+        ("model.num_kv_heads", 4),
+    ],
 )
 def test_later_keys_tie_checkpoints_only_when_set(key: str, value: object) -> None:
-    """Checkpoints written before data.enable_thinking, data.system_prompt and
-    model.intermediate_size existed still resume while those keys keep their defaults; setting
+    """Checkpoints written before data.enable_thinking, data.system_prompt,
+    model.intermediate_size and model.num_kv_heads existed still resume while those keys keep their defaults; setting
     one changes the model/data settings."""
     from trainer.config import config_from_dict
 
     base = {"model": {"target": "/m"}, "data": {"path": "/d.jsonl"}}
     plain = config_from_dict(base)
-    later = {"data.enable_thinking", "data.system_prompt", "model.intermediate_size"}
+    later = {
+        "data.enable_thinking",
+        "data.system_prompt",
+        "model.intermediate_size",
+        "model.num_kv_heads",
+    }
     assert not later & set(plain.model_data_settings())
     section, name = key.split(".")
     changed = config_from_dict({**base, section: {**base[section], name: value}})
