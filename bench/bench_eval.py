@@ -762,7 +762,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=120.0,
         help="training time per point with --drafter-steps 0",
     )
-    p.add_argument("--eval-prompts", type=int, default=32)
+    p.add_argument(
+        "--eval-prompts",
+        type=int,
+        default=128,
+        help="held-out prompts, drawn in a fixed order (a run with 32 has the first 32 of a run "
+        "with 128); the 95 %% interval of τ is about ±0.4 on 32 and ±0.2 on 128",
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--lookup-max-n", type=int, default=4, help="prompt lookup: n-grams n…1")
     p.add_argument(
@@ -822,7 +828,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except TrainConfigError as exc:
         p.error(f"--set: {exc}")
     if args.demo_cpu:
-        args.eval_prompts = 16 if args.eval_prompts == 32 else args.eval_prompts
+        args.eval_prompts = 16 if args.eval_prompts == 128 else args.eval_prompts
     if args.out is None and not (args.smoke or args.demo_cpu):
         args.out = str(RESULTS)
     return args
