@@ -72,6 +72,7 @@ SHAPES = {
     # bsz, blocks, block size, context, heads, kv heads, head dim
     "small": (2, 8, 16, 256, 4, 2, 64),
     "mid": (2, 128, 16, 2048, 8, 2, 128),
+    "mha": (2, 32, 16, 512, 4, 4, 64),  # a drafter with model.num_kv_heads = its heads
 }
 
 
