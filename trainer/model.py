@@ -99,8 +99,10 @@ _OWN_SHAPE = {
 
 
 def shape_from_target(target_config: Any, model: ModelConfig, *, num_features: int) -> DrafterShape:
-    """Take the layer shape, rope and bias from a `transformers` config; a target the served
-    drafter cannot follow raises `UnsupportedTarget` (`check_target_supported`)."""
+    """Take the layer shape, rope and bias from a `transformers` config, the MLP width and
+    key/value heads from `model` where set; a target the served drafter cannot follow raises
+    `UnsupportedTarget` (`check_target_supported`), key/value heads that do not divide the
+    heads `TrainConfigError`."""
     c = decoder_config(target_config)
     check_target_supported(c)
     heads = int(c.num_attention_heads)
