@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,6 +15,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def default_sigint() -> None:
+    """`preexec_fn` of a CLI run that a test interrupts: a suite started in the background by a
+    non-interactive shell inherits SIGINT ignored, and so would the CLI (Python then installs no
+    KeyboardInterrupt); give it the default, as a terminal's Ctrl-C finds it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @dataclass

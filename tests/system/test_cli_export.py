@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import REPO, dflash, kill_tmux_server
+from tests.cli_helpers import REPO, default_sigint, dflash, kill_tmux_server
 from tests.ops.test_doctor import lend_python
 from trainer.config import config_from_dict
 from trainer.export import export
@@ -176,6 +176,7 @@ def test_an_export_killed_midway_leaves_nothing(tmp_path: Path, trained: Trained
             proc = subprocess.Popen(
                 [sys.executable, "-m", "dflash_ops", "export", "--to", str(to)],
                 cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                preexec_fn=default_sigint,
             )  # fmt: skip
             end = time.monotonic() + 60
             while not any(ckpt.glob(".export-*")) and time.monotonic() < end:

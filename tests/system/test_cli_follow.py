@@ -15,13 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import REPO, Where, kill_tmux_server
-
-
-def _default_sigint() -> None:
-    # A suite started in the background by a non-interactive shell inherits SIGINT ignored, and
-    # so would the follower: give it the default, as a terminal's Ctrl-C finds it.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+from tests.cli_helpers import REPO, Where, default_sigint, kill_tmux_server
 
 
 def start_follow(where: Where) -> subprocess.Popen[str]:
@@ -33,7 +27,7 @@ def start_follow(where: Where) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_default_sigint,
+        preexec_fn=default_sigint,
     )
 
 
