@@ -399,6 +399,30 @@ def test_prompt_sources_side_by_side(tmp_path: Path) -> None:
     assert "| target-files |" in table and "| unseen-files |" in table
 
 
+def test_capacity_side_by_side(tmp_path: Path) -> None:
+    """`compare_capacity.sh`: one target and one data set, the default drafter beside its own
+    key/value heads and beside a wider MLP, each recipe's setting on record."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "PAST_CAP": "0", "KV": "1", "MLP": "96"}
+    run = subprocess.run(
+        [str(REPO / "bench" / "compare_capacity.sh"), str(work), str(out), "--smoke"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = {n: json.loads((out / f"{n}.json").read_text()) for n in ("base", "kv1", "mlp96")}
+    assert {n: r["recipe"]["overrides"] for n, r in results.items()} == {
+        "base": [],
+        "kv1": ["model.num_kv_heads=1"],
+        "mlp96": ["model.intermediate_size=96"],
+    }
+    assert {r["training_data"] for r in results.values()} == {str(work / "generated-unseen-t1-p16")}
+    lookups = [{k: v for k, v in r["baselines"]["prompt_lookup"].items() if k != "seconds"}
+               for r in results.values()]  # fmt: skip
+    assert lookups[0] == lookups[1] == lookups[2]  # one target, the same held-out prompts
+    table = (out / "summary.md").read_text()
+    assert all(f"| {n} |" in table for n in results)
+
+
 def test_summary_reads_results_written_before_the_export_was_measured() -> None:
     """A stored H200 result without `exported`: its row says so instead of failing the table."""
     from bench.compare_recipes import load_results, summary

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The drafter's capacity at the same layers, on one target and one data set: the default beside
+# its own key/value heads (plain multi-head attention) and beside a wider MLP; held-out τ of
+# each, and each against the default paired over the same prompts (docs/benchmarks.md, "Twice
+# the updates over the same answers": past ~250 K answers neither data nor steps moved it).
+#   bench/compare_capacity.sh WORK OUT [bench_eval options for every recipe, e.g. --smoke]
+# Environment: SAMPLES (262144), PAST_CAP (8000000: bytes of installed packages' sources beside
+# the kept files as the drafter's prompts), KV (12: the benchmark target's query heads), MLP
+# (4096: twice the target's), PYTHON (python3). One H200 runs the three drafters at once in about
+# 25 minutes with the data; several GPUs share them out (compare_recipes.py).
+set -euo pipefail
+[ $# -ge 2 ] || { echo "usage: $0 WORK OUT [bench_eval options]" >&2; exit 2; }
+work=$1 out=$2; shift 2
+bench=$(dirname "$0")
+py=${PYTHON:-python3}
+mkdir -p "$work" "$out"
+data="--samples ${SAMPLES:-262144} --unseen-past-cap ${PAST_CAP:-8000000} $*"
+recipe="$data --train-data {work}/generated-unseen-t1-p16"
+exec "$py" "$bench/compare_recipes.py" --work "$work" --out "$out" --prepare "$data" \
+  --recipe "base: $recipe" \
+  --recipe "kv${KV:-12}: $recipe --set model.num_kv_heads=${KV:-12}" \
+  --recipe "mlp${MLP:-4096}: $recipe --set model.intermediate_size=${MLP:-4096}"
