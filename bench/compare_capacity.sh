@@ -9,14 +9,15 @@
 # (4096: twice the target's), PYTHON (python3). One H200 runs the three drafters at once in about
 # 25 minutes with the data; several GPUs share them out (compare_recipes.py).
 set -euo pipefail
-[ $# -ge 2 ] || { echo "usage: $0 WORK OUT [bench_eval options]" >&2; exit 2; }
-work=$1 out=$2; shift 2
-bench=$(dirname "$0")
-py=${PYTHON:-python3}
-mkdir -p "$work" "$out"
-data="--samples ${SAMPLES:-262144} --unseen-past-cap ${PAST_CAP:-8000000} $*"
+if [ $# -lt 2 ]; then
+  echo "usage: $0 WORK OUT [bench_eval options]" >&2
+  exit 2
+fi
+data="--samples ${SAMPLES:-262144} --unseen-past-cap ${PAST_CAP:-8000000} ${*:3}"
 recipe="$data --train-data {work}/generated-unseen-t1-p16"
-exec "$py" "$bench/compare_recipes.py" --work "$work" --out "$out" --prepare "$data" \
+mkdir -p "$1" "$2"
+exec "${PYTHON:-python3}" "$(dirname "$0")/compare_recipes.py" --work "$1" --out "$2" \
+  --prepare "$data" \
   --recipe "base: $recipe" \
   --recipe "kv${KV:-12}: $recipe --set model.num_kv_heads=${KV:-12}" \
   --recipe "mlp${MLP:-4096}: $recipe --set model.intermediate_size=${MLP:-4096}"
