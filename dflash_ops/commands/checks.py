@@ -364,6 +364,9 @@ def check_model(setup: Setup, place: Place, _: Findings) -> Check:
     except ValueError as exc:
         return failed(name, f"{folder}/config.json is not valid JSON: {exc}", fix)
     problem, summary = drafter_shape_problem(config, model)
+    if problem.startswith("[train.model]"):  # the setting is wrong, not the model
+        setting = "Change it under [train.model] in deploy.toml (docs/training.md, [model])."
+        return failed(name, f"{folder}/config.json: {problem}", setting)
     if problem:
         return failed(name, f"{folder}/config.json: {problem}", fix)
     if not any(f.endswith((".safetensors", ".bin")) for f in files):
@@ -390,6 +393,13 @@ def drafter_shape_problem(config: Any, model: Mapping[str, Any]) -> tuple[str, s
     kv = c.get("num_key_value_heads") or heads
     if not isinstance(kv, int) or kv <= 0 or heads % kv:
         return f"num_key_value_heads = {kv!r} does not divide num_attention_heads = {heads}", ""
+    own_kv = model.get("num_kv_heads")
+    if own_kv is not None and (not isinstance(own_kv, int) or own_kv <= 0 or heads % own_kv):
+        return (
+            f"[train.model] num_kv_heads = {own_kv!r} does not divide the target's {heads} "
+            "attention heads",
+            "",
+        )
     if not c.get("head_dim") and c["hidden_size"] % heads:
         return f"hidden_size {c['hidden_size']} is not a multiple of {heads} heads", ""
     layers = c["num_hidden_layers"]

@@ -270,6 +270,22 @@ def test_target_layers_beyond_the_model_are_refused(tmp_path):
         "target model"
     ]
     assert not check.ok and "target_layers [9] outside 0…5" in check.detail
+    assert "under [train.model] in deploy.toml" in check.fix
+
+
+@pytest.mark.parametrize("kv_heads", [3, 4])
+def test_the_drafters_key_value_heads_must_divide_the_targets_heads(tmp_path, kv_heads):
+    model = write_model(tmp_path / "m", QWEN3)  # 8 heads
+    train = f'[train.model]\ntarget = "{model}"\nnum_kv_heads = {kv_heads}'
+    folder = project(tmp_path, target=local_target(tmp_path), train=train)
+    check = by_name(doctor.diagnose(setup_of(folder), local_place(), gpu_smoke=False))[
+        "target model"
+    ]
+    if kv_heads == 4:
+        assert check.ok, check
+    else:
+        assert not check.ok and "under [train.model] in deploy.toml" in check.fix
+        assert "num_kv_heads = 3 does not divide the target's 8 attention heads" in check.detail
 
 
 def test_a_file_where_the_checkpoints_folder_should_be(tmp_path):
