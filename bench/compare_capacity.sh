@@ -7,7 +7,8 @@
 # Environment: SAMPLES (262144), PAST_CAP (8000000: bytes of installed packages' sources beside
 # the kept files as the drafter's prompts), KV (12: the benchmark target's query heads), MLP
 # (4096: twice the target's), PYTHON (python3). One H200 runs the three drafters at once in about
-# 25 minutes with the data; several GPUs share them out (compare_recipes.py).
+# 30 minutes with the data (estimated from one drafter alone: 6.4 minutes; not yet run); two GPUs
+# or more share them out (compare_recipes.py: recipe i on GPU i mod n).
 set -euo pipefail
 if [ $# -lt 2 ]; then
   echo "usage: $0 WORK OUT [bench_eval options]" >&2
