@@ -140,12 +140,12 @@ def _check_own_shape(config: TrainConfig, c: dict[str, Any], folder: Path) -> No
     m = config.model
     heads = c["num_attention_heads"]
     target_kv = c.get("num_key_value_heads") or heads
-    if m.num_kv_heads is not None and heads % m.num_kv_heads:
-        divisors = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+    if choices := m.kv_head_choices(heads):
         raise fail(
             "model.num_kv_heads",
             f"{m.num_kv_heads} does not divide the {heads} attention heads of {folder}",
-            f"Pick one of {divisors}, or leave model.num_kv_heads unset (the target's).",
+            f"Pick one of {', '.join(map(str, choices))}, or leave model.num_kv_heads unset (the "
+            "target's).",
         )
     own = {
         "model.intermediate_size": (m.intermediate_size, c["intermediate_size"], "an MLP of {}"),

@@ -90,6 +90,13 @@ class ModelConfig:
                 "model.sliding_window", "set it when model.sliding_layers is set"
             )
 
+    def kv_head_choices(self, heads: int) -> list[int]:
+        """The key/value head counts a drafter of `heads` attention heads may have, when
+        `num_kv_heads` is set to another (empty when it is unset or one of them)."""
+        if self.num_kv_heads is None or heads % self.num_kv_heads == 0:
+            return []
+        return [d for d in range(1, heads + 1) if heads % d == 0]
+
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:

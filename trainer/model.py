@@ -106,14 +106,13 @@ def shape_from_target(target_config: Any, model: ModelConfig, *, num_features: i
     c = decoder_config(target_config)
     check_target_supported(c)
     heads = int(c.num_attention_heads)
-    kv_heads = model.num_kv_heads or int(getattr(c, "num_key_value_heads", None) or heads)
-    if heads % kv_heads:
+    if choices := model.kv_head_choices(heads):
         raise TrainConfigError(
             "model.num_kv_heads",
-            f"{kv_heads} does not divide the target's {heads} attention heads: pick one of "
-            f"{', '.join(str(d) for d in range(1, heads + 1) if heads % d == 0)}, or leave it "
-            "unset (the target's)",
+            f"{model.num_kv_heads} does not divide the target's {heads} attention heads: pick one "
+            f"of {', '.join(map(str, choices))}, or leave it unset (the target's)",
         )
+    kv_heads = model.num_kv_heads or int(getattr(c, "num_key_value_heads", None) or heads)
     vocab = int(c.vocab_size)
     mask_id = model.mask_token_id
     if mask_id is None:
