@@ -828,7 +828,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except TrainConfigError as exc:
         p.error(f"--set: {exc}")
     if args.demo_cpu:
-        args.eval_prompts = 16 if args.eval_prompts == 128 else args.eval_prompts
+        args.eval_prompts = (
+            16 if args.eval_prompts == p.get_default("eval_prompts") else args.eval_prompts
+        )
     if args.out is None and not (args.smoke or args.demo_cpu):
         args.out = str(RESULTS)
     return args
