@@ -10,7 +10,8 @@ First `bench_eval.py --prepare-only` trains the target and generates the data in
 --reuse-target` process, all at once (a drafter step leaves most of an H200 idle, so recipes
 that share it finish together far sooner than one after another), spread over the visible GPUs
 in turn (recipe i on GPU i mod n), each in its own work folder beside the shared target, and
-writes `<out>/<name>.json`. `{work}` in a recipe is `--work`. The
+writes `<out>/<name>.json` (`--one-at-a-time`: in order, one after another, so that a machine
+taken back midway keeps the recipes that finished). `{work}` in a recipe is `--work`. The
 τ figures do not depend on the sharing; the step times and the training seconds do.
 `<out>/summary.md` holds a row per recipe and point, then each recipe's held-out τ against the
 first recipe's with a paired interval over the same prompts (`trainer.tau_bootstrap`).
@@ -153,6 +154,14 @@ def paired(results: dict[str, dict[str, Any] | None]) -> list[str]:
     return rows if len(rows) > 3 else []
 
 
+def write_summary(out: Path, names: list[str]) -> list[str]:
+    """`<out>/summary.md` from the results written so far (one yet to finish: "no result")."""
+    results = load_results(out, names)
+    rows = summary(results) + paired(results)
+    (out / "summary.md").write_text("\n".join(rows) + "\n")
+    return rows
+
+
 def percents(rates: list[float] | None) -> str:
     return "—" if rates is None else " ".join(f"{100 * r:.0f}" for r in rates)
 
@@ -164,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prepare", default="", help="bench_eval.py arguments of the preparation")
     p.add_argument("--skip-prepare", action="store_true", help="the target and data exist")
     p.add_argument("--recipe", type=parse_recipe, action="append", required=True)
+    p.add_argument(
+        "--one-at-a-time", action="store_true",
+        help="run the recipes one after another in the order given, the summary rewritten "
+        "after each: on a machine that may be taken back, the finished ones stay",
+    )  # fmt: skip
     args = p.parse_args(argv)
     work, out = Path(args.work).resolve(), Path(args.out).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -173,14 +187,20 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_prepare:
         prepare(args, work)
     gpus = visible_gpus()
-    procs = {
-        name: start(name, options, work, out, gpu_env(i, gpus))
-        for i, (name, options) in enumerate(args.recipe)
-    }
-    failed = [name for name, proc in procs.items() if proc.wait() != 0]
-    results = load_results(out, list(procs))
-    rows = summary(results) + paired(results)
-    (out / "summary.md").write_text("\n".join(rows) + "\n")
+    names = [name for name, _ in args.recipe]
+    if args.one_at_a_time:
+        failed = []
+        for i, (name, options) in enumerate(args.recipe):
+            if start(name, options, work, out, gpu_env(i, gpus)).wait() != 0:
+                failed.append(name)
+            rows = write_summary(out, names)
+    else:
+        procs = {
+            name: start(name, options, work, out, gpu_env(i, gpus))
+            for i, (name, options) in enumerate(args.recipe)
+        }
+        failed = [name for name, proc in procs.items() if proc.wait() != 0]
+        rows = write_summary(out, names)
     print("\n".join(rows))
     if failed:
         log(f"failed: {', '.join(failed)} (see their logs in {out})")

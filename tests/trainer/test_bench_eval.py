@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -401,16 +402,20 @@ def test_prompt_sources_side_by_side(tmp_path: Path) -> None:
 
 def test_capacity_side_by_side(tmp_path: Path) -> None:
     """`compare_capacity.sh`: one target and one data set, the default drafter beside its own
-    key/value heads and beside a wider MLP, each recipe's setting on record."""
+    key/value heads, a wider MLP and both, each recipe's setting on record; one at a time, each
+    run starts after the one before it has written its result."""
     work, out = tmp_path / "work", tmp_path / "out"
-    env = {**os.environ, "PYTHON": sys.executable, "PAST_CAP": "0", "KV": "1", "MLP": "96"}
+    env = {**os.environ, "PYTHON": sys.executable, "PAST_CAP": "0", "KV": "1", "MLP": "96",
+           "RECIPES": "kvmlp base kv mlp", "ONE_AT_A_TIME": "1"}  # fmt: skip
     run = subprocess.run(
         [str(REPO / "bench" / "compare_capacity.sh"), str(work), str(out), "--smoke"],
         capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    results = {n: json.loads((out / f"{n}.json").read_text()) for n in ("base", "kv1", "mlp96")}
+    names = ("kv1-mlp96", "base", "kv1", "mlp96")
+    results = {n: json.loads((out / f"{n}.json").read_text()) for n in names}
     assert {n: r["recipe"]["overrides"] for n, r in results.items()} == {
+        "kv1-mlp96": ["model.num_kv_heads=1", "model.intermediate_size=96"],
         "base": [],
         "kv1": ["model.num_kv_heads=1"],
         "mlp96": ["model.intermediate_size=96"],
@@ -418,9 +423,14 @@ def test_capacity_side_by_side(tmp_path: Path) -> None:
     assert {r["training_data"] for r in results.values()} == {str(work / "generated-unseen-t1-p16")}
     lookups = [{k: v for k, v in r["baselines"]["prompt_lookup"].items() if k != "seconds"}
                for r in results.values()]  # fmt: skip
-    assert lookups[0] == lookups[1] == lookups[2]  # one target, the same held-out prompts
+    assert all(lookup == lookups[0] for lookup in lookups)  # one target, the same prompts
+    for before, after in zip(names, names[1:], strict=False):
+        finished = datetime.fromtimestamp((out / f"{before}.json").stat().st_mtime)
+        first = (out / f"{after}.log").read_text().split("]", 1)[0].lstrip("[")
+        assert first >= finished.strftime("%H:%M:%S"), (before, after)
     table = (out / "summary.md").read_text()
     assert all(f"| {n} |" in table for n in results)
+    assert "held-out τ − kv1-mlp96's" in table  # paired against the first recipe
 
 
 def test_summary_reads_results_written_before_the_export_was_measured() -> None:
