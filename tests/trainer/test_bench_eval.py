@@ -487,3 +487,38 @@ def test_a_lossless_violation_is_logged_and_tau_still_measured(tmp_path_factory,
     assert row["lossless_violation"].startswith("prompt 1: new token 3 is")
     assert row["tau"] == clean["tau"]  # the same decoding, measured without the check
     assert "lossless check: prompt 1: new token 3" in capsys.readouterr().out
+
+
+def small_target_recipes(tmp_path: Path, *args: str, base: str = "1") -> list[str]:
+    """The `--recipe` arguments `compare_small_target.sh` hands to compare_recipes.py, read by
+    a PYTHON that records its argv instead of running it."""
+    record = tmp_path / "argv.json"
+    recorder = tmp_path / "recorder"
+    recorder.write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"open({str(record)!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
+    )
+    recorder.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(recorder), "BASE": base}
+    script = REPO / "bench" / "compare_small_target.sh"
+    run = subprocess.run([str(script), "W", "R", *args], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    argv = json.loads(record.read_text())
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "--recipe"]
+
+
+def test_small_target_setting_is_an_override_or_bench_options(tmp_path: Path) -> None:
+    """`compare_small_target.sh`: KEY=VALUE becomes `--set`, options pass as they are, BASE=0
+    leaves the default's runs out, and anything else is refused by name."""
+    kv = small_target_recipes(tmp_path, "kv2", "model.num_kv_heads=2", "0", "1")
+    assert [r.split(":")[0] for r in kv] == ["base-s0", "kv2-s0", "base-s1", "kv2-s1"]
+    assert kv[1].endswith("--set run.seed=0 --set model.num_kv_heads=2")
+    deep = small_target_recipes(tmp_path, "deep4", "--drafter-layers 4", "0", base="0")
+    assert [r.split(":")[0] for r in deep] == ["deep4-s0"]
+    assert deep[0].endswith("--drafter-layers 2 --block-size 8 --drafter-batch 32 --anchors 16 "
+                            "--drafter-steps 400 --samples 4096 --train-data {work}/generated "
+                            "--set run.seed=0 --drafter-layers 4")  # fmt: skip
+    script = REPO / "bench" / "compare_small_target.sh"
+    bad = subprocess.run([str(script), "W", "R", "x", "model.num_kv_heads", "0"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "SETTING must be KEY=VALUE" in bad.stderr
