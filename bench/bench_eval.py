@@ -393,15 +393,15 @@ def drafter_point(
     exported = exported_tau(args, config, run_dir, held)
     return {
         "samples": len(trained),
-        "epochs": steps * args.drafter_batch / len(trained),
+        "epochs": steps * config.data.batch_size / len(trained),
         "held_out": held_out,
         "exported": exported,
         "baselines": {"prompt_lookup": held["prompt_lookup"]},
         "train_prompts": seen,
         "drafter": {
             "steps": steps,
-            "layers": args.drafter_layers,
-            "block_size": args.block_size,
+            "layers": config.model.num_layers,  # `--set` may have changed the options' shape
+            "block_size": config.model.block_size,
             "final_loss": results[-1].loss,
             "train_slot_accuracy": train_acc,
             "train_s": train_s,

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The drafter's capacity at the same layers, on one target and one data set: the default beside
-# its own key/value heads (plain multi-head attention), beside a wider MLP and beside both;
-# held-out τ of each, and each against the first recipe's paired over the same prompts
-# (docs/benchmarks.md, "Twice the updates over the same answers": past ~250 K answers neither
-# data nor steps moved it).
+# The drafter's capacity, on one target and one data set: the default beside its own key/value
+# heads (plain multi-head attention), a wider MLP, both, or more layers; held-out τ of each, and
+# each against the first recipe's paired over the same prompts (docs/benchmarks.md, "Twice the
+# updates over the same answers": past ~250 K answers neither data nor steps moved it; "More
+# key/value heads and a wider MLP at the same layers": nor did width).
 #   bench/compare_capacity.sh WORK OUT [bench_eval options for every recipe, e.g. --smoke]
-# Environment: RECIPES (which, in this order: "base kv mlp" by default; also kvmlp, both at once),
-# ONE_AT_A_TIME (set: the recipes one after another, each result kept as it lands, instead of all
-# sharing the GPUs at once), SAMPLES (262144), PAST_CAP (8000000: bytes of installed packages'
-# sources beside the kept files as the drafter's prompts), KV (12: the benchmark target's query
-# heads), MLP (4096: twice the target's), PYTHON (python3). Two GPUs or more share the recipes
-# out (compare_recipes.py: recipe i on GPU i mod n).
+# Environment: RECIPES (which, in this order: "base kv mlp" by default; also kvmlp, both at
+# once, and deep, DEPTH layers instead of 4), ONE_AT_A_TIME (set: the recipes one after another,
+# each result kept as it lands, instead of all sharing the GPUs at once), SAMPLES (262144),
+# PAST_CAP (8000000: bytes of installed packages' sources beside the kept files as the drafter's
+# prompts), KV (12: the benchmark target's query heads), MLP (4096: twice the target's), DEPTH
+# (6), PYTHON (python3). Two GPUs or more share the recipes out (compare_recipes.py: recipe i on
+# GPU i mod n).
 set -euo pipefail
 if [ $# -lt 2 ]; then
   echo "usage: $0 WORK OUT [bench_eval options]" >&2
@@ -18,6 +19,7 @@ if [ $# -lt 2 ]; then
 fi
 kv=${KV:-12}
 mlp=${MLP:-4096}
+depth=${DEPTH:-6}
 data="--samples ${SAMPLES:-262144} --unseen-past-cap ${PAST_CAP:-8000000} ${*:3}"
 recipe="$data --train-data {work}/generated-unseen-t1-p16"
 recipes=()
@@ -28,7 +30,8 @@ for name in ${RECIPES:-base kv mlp}; do
     mlp) recipes+=(--recipe "mlp$mlp: $recipe --set model.intermediate_size=$mlp") ;;
     kvmlp) recipes+=(--recipe "kv$kv-mlp$mlp: $recipe --set model.num_kv_heads=$kv \
 --set model.intermediate_size=$mlp") ;;
-    *) echo "$0: unknown recipe '$name' in RECIPES (base, kv, mlp, kvmlp)" >&2; exit 2 ;;
+    deep) recipes+=(--recipe "layers$depth: $recipe --set model.num_layers=$depth") ;;
+    *) echo "$0: unknown recipe '$name' in RECIPES (base, kv, mlp, kvmlp, deep)" >&2; exit 2 ;;
   esac
 done
 order=()
