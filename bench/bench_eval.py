@@ -400,7 +400,7 @@ def drafter_point(
         "train_prompts": seen,
         "drafter": {
             "steps": steps,
-            "layers": config.model.num_layers,  # `--set` may have changed the options' shape
+            "layers": config.model.num_layers,  # as trained: `--set` may override the options
             "block_size": config.model.block_size,
             "final_loss": results[-1].loss,
             "train_slot_accuracy": train_acc,

@@ -116,6 +116,12 @@ class DFlashDrafter:
             self.drafter.train(was_training)
             self.drafter.attention_backend = backend
 
+    def weights_read(self) -> int:
+        """Parameters one draft reads: the drafter's own and the (borrowed) lm_head its block's
+        logits need whole; of the embedding, a few rows (`trainer.draft_cost`)."""
+        own = sum(p.numel() for p in self.drafter.parameters())
+        return own + self.lm_head_weight.numel()
+
     def draft(self, features: Tensor, input_ids: Tensor, anchor: int) -> Tensor:
         return self.draft_many([DraftRequest(features, input_ids, anchor)])[0]
 

@@ -49,6 +49,10 @@ class PromptLookupDrafter:
         self.max_n = max_n
         self.min_n = min_n
 
+    def weights_read(self) -> int:
+        """None: it proposes from the text (`trainer.draft_cost`)."""
+        return 0
+
     def draft(self, features: Tensor, input_ids: Tensor, anchor: int) -> Tensor:
         """input_ids (1, anchor + 1) → (B−1,) proposals, or (0,) when nothing matches."""
         return lookup(

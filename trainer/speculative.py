@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from trainer.draft_cost import draft_cost, net_speedup
 from trainer.drafters import BlockDrafter, DFlashDrafter, DraftRequest, draft_many
 from trainer.lossless import check_output
 from trainer.slot_accuracy import SlotAccuracy
@@ -266,6 +267,10 @@ class EvalReport:
     # each prompt's (tokens, verify passes): what the interval and paired comparisons of two
     # drafters on the same prompts are computed from (`trainer.tau_bootstrap`)
     prompt_counts: list[tuple[int, int]] | None = None
+    # weights one draft reads ÷ those of a target forward, and `speedup` with every draft
+    # counted at that (`trainer.draft_cost`: a small-batch estimate); None: not known
+    draft_cost: float | None = None
+    net_speedup: float | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> EvalReport:
@@ -292,11 +297,14 @@ class EvalReport:
         if self.tau_interval is not None:
             lo, hi = self.tau_interval
             spread = f" (95% {lo:.2f}–{hi:.2f})"
+        net = ""
+        if self.draft_cost and self.net_speedup is not None:
+            net = f"; x{self.net_speedup:.2f} with drafts at {self.draft_cost:.2f} of a forward"
         return (
             f"tau {self.tau:.3f}{spread} | accept% by slot {slots}{every} | "
             f"{self.new_tokens} tokens, "
             f"{self.target_forwards} target forwards vs {self.plain_forwards} plain "
-            f"(x{self.speedup:.2f}) | {self.prompts} prompts, B={self.block_size} | {check}"
+            f"(x{self.speedup:.2f}{net}) | {self.prompts} prompts, B={self.block_size} | {check}"
         )
 
 
@@ -359,6 +367,7 @@ def evaluate(
     new_tokens = sum(len(r.tokens) for r in results)
     forwards = sum(r.target_forwards for r in results)
     slots = [sum(a >= k for a in accepted) / max(verifies, 1) for k in range(1, b)]
+    cost = draft_cost(target, drafter)
     return EvalReport(
         tau=(sum(accepted) + verifies) / verifies if verifies else float("nan"),
         slot_acceptance=slots,
@@ -374,6 +383,8 @@ def evaluate(
         slot_accuracy=None if every is None else every.rates(),
         tau_interval=tau_interval(counts) if verifies else None,
         prompt_counts=counts,
+        draft_cost=cost,
+        net_speedup=None if cost is None else net_speedup(new_tokens, forwards, verifies, cost),
     )
 
 

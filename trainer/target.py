@@ -71,6 +71,14 @@ class Target:
     def device(self) -> torch.device:
         return self.embed_weight.device
 
+    def weights_read(self) -> int:
+        """Parameters one forward reads: all but the input embedding table, of which it reads a
+        row per token, unless that table is also the lm_head (`trainer.draft_cost`)."""
+        total = sum(p.numel() for p in self.model.parameters())  # a tied table counts once
+        if self.embed_weight is not self.lm_head_weight:  # tied: one parameter, as counted
+            total -= self.embed_weight.numel()
+        return total
+
     def logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
         """(…, H) final hidden states → (…, V) fp32 logits through the frozen lm_head."""
         return last_hidden.float() @ self.lm_head_weight.float().T
