@@ -5,8 +5,9 @@ decoding pays off, a forward's time is mostly the reading of its weights, so a d
 half the target's weights costs about half a target forward. `draft_cost` is that ratio and
 `net_speedup` the speed-up over plain decoding with every draft counted at it: what tells a
 deeper drafter's higher τ from its higher price. An estimate, not a serving measurement: it
-leaves out the KV cache's reads and an engine's own overheads (launches, sampling), and at large
-batches compute, not weight reads, sets a forward's time.
+leaves out the KV cache's reads and an engine's own overheads (launches, sampling); at large
+batches compute, not weight reads, sets a forward's time; and it counts a dense target's weights
+(a mixture-of-experts forward reads only the experts it routes to).
 """
 
 from __future__ import annotations

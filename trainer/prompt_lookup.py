@@ -50,7 +50,7 @@ class PromptLookupDrafter:
         self.min_n = min_n
 
     def weights_read(self) -> int:
-        """None: it proposes from the text (`trainer.draft_cost`)."""
+        """Nothing: it proposes from the text itself (`trainer.draft_cost`)."""
         return 0
 
     def draft(self, features: Tensor, input_ids: Tensor, anchor: int) -> Tensor:
