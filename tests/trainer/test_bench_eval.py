@@ -435,6 +435,9 @@ def test_capacity_side_by_side(tmp_path: Path) -> None:
     table = (out / "summary.md").read_text()
     assert all(f"| {n} |" in table for n in results)
     assert "held-out τ − kv1-mlp96's" in table  # paired against the first recipe
+    held = results["base"]["points"][0]["held_out"]
+    assert held["draft_cost"] > 0 and held["net_speedup"] < held["speedup"]
+    assert f"| {held['net_speedup']:.2f}× (drafts {held['draft_cost']:.2f}) |" in table
 
 
 def test_summary_reads_results_written_before_the_export_was_measured() -> None:
@@ -447,7 +450,7 @@ def test_summary_reads_results_written_before_the_export_was_measured() -> None:
     assert len(rows) == 2 + 2
     cells = rows[2].split("|")
     assert cells[1].strip() == "target-files" and cells[6].strip() == "—"
-    assert cells[5].strip().startswith("2.22 (")
+    assert cells[5].strip().startswith("2.22 (") and cells[10].strip() == "—"  # nor the cost
 
 
 def test_a_point_on_all_of_one_generated_run_reads_its_shards_in_place(tmp_path: Path) -> None:
