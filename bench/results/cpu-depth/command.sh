@@ -5,3 +5,6 @@ cd "$(dirname "$0")/../../.." || exit
 BASE=${BASE:-0} PYTHON=.venv/bin/python bench/compare_small_target.sh "${1:-/tmp/deep/w}" \
   "${2:-/tmp/deep/out}" deep4 "--drafter-layers 4" 0 1
 echo "rc=$?"
+BASE=0 PYTHON=.venv/bin/python bench/compare_small_target.sh "${1:-/tmp/deep/w}" \
+  "${2:-/tmp/deep/out}/three-layers" deep3 "--drafter-layers 3" 0 1
+echo "rc=$?"
