@@ -363,12 +363,13 @@ def check_model(setup: Setup, place: Place, _: Findings) -> Check:
         config = json.loads(text.decode("utf-8", "replace"))
     except ValueError as exc:
         return failed(name, f"{folder}/config.json is not valid JSON: {exc}", fix)
-    problem, summary = drafter_shape_problem(config, model)
-    if problem.startswith("[train.model]"):  # the setting is wrong, not the model
-        setting = "Change it under [train.model] in deploy.toml (docs/training.md, [model])."
-        return failed(name, f"{folder}/config.json: {problem}", setting)
+    problem, summary = drafter_shape_problem(config)
     if problem:
         return failed(name, f"{folder}/config.json: {problem}", fix)
+    problem = settings_problem(config, model)
+    if problem:  # the setting is wrong, not the model
+        setting = "Change it under [train.model] in deploy.toml (docs/training.md, [model])."
+        return failed(name, f"{folder}/config.json: {problem}", setting)
     if not any(f.endswith((".safetensors", ".bin")) for f in files):
         return failed(
             name, f"{folder} has a config.json but no weights (*.safetensors, *.bin)", fix
@@ -376,16 +377,11 @@ def check_model(setup: Setup, place: Place, _: Findings) -> Check:
     return passed(name, f"{folder}: {summary}")
 
 
-def drafter_shape_problem(config: Any, model: Mapping[str, Any]) -> tuple[str, str]:
-    """What keeps the drafter from being shaped like this target ("" when nothing), and a summary.
-
-    Multimodal configs keep the language model's shape under `text_config`.
-    """
+def drafter_shape_problem(config: Any) -> tuple[str, str]:
+    """What keeps the drafter from being shaped like this target ("" when nothing), and a summary."""
     if not isinstance(config, dict):
         return "not a JSON object", ""
-    c = config
-    if "hidden_size" not in c and isinstance(c.get("text_config"), dict):
-        c = c["text_config"]
+    c = language_config(config)
     bad = [k for k in _DRAFTER_KEYS if not (isinstance(c.get(k), int) and c[k] > 0)]
     if bad:
         return f"missing or not a positive integer: {', '.join(bad)}", ""
@@ -393,26 +389,39 @@ def drafter_shape_problem(config: Any, model: Mapping[str, Any]) -> tuple[str, s
     kv = c.get("num_key_value_heads") or heads
     if not isinstance(kv, int) or kv <= 0 or heads % kv:
         return f"num_key_value_heads = {kv!r} does not divide num_attention_heads = {heads}", ""
-    own_kv = model.get("num_kv_heads")
-    if own_kv is not None and (not isinstance(own_kv, int) or own_kv <= 0 or heads % own_kv):
-        return (
-            f"[train.model] num_kv_heads = {own_kv!r} does not divide the target's {heads} "
-            "attention heads",
-            "",
-        )
     if not c.get("head_dim") and c["hidden_size"] % heads:
         return f"hidden_size {c['hidden_size']} is not a multiple of {heads} heads", ""
     layers = c["num_hidden_layers"]
-    wanted = model.get("target_layers") or []
-    out_of_range = [i for i in wanted if not isinstance(i, int) or not 0 <= i < layers]
-    if out_of_range:
-        return f"[train.model] target_layers {out_of_range} outside 0…{layers - 1}", ""
     arch = ",".join(config.get("architectures") or []) or str(config.get("model_type", "?"))
     summary = (
         f"{arch}: {layers} layers, hidden {c['hidden_size']}, {heads} heads ({kv} kv), "
         f"vocab {c['vocab_size']}"
     )
     return "", summary
+
+
+def settings_problem(config: dict[str, Any], model: Mapping[str, Any]) -> str:
+    """What in `[train.model]` this target cannot take ("" when nothing); `config` has passed
+    `drafter_shape_problem`."""
+    c = language_config(config)
+    heads, layers = c["num_attention_heads"], c["num_hidden_layers"]
+    own_kv = model.get("num_kv_heads")
+    if own_kv is not None and (not isinstance(own_kv, int) or own_kv <= 0 or heads % own_kv):
+        return (
+            f"[train.model] num_kv_heads = {own_kv!r} does not divide the target's {heads} "
+            "attention heads"
+        )
+    wanted = model.get("target_layers") or []
+    out_of_range = [i for i in wanted if not isinstance(i, int) or not 0 <= i < layers]
+    if out_of_range:
+        return f"[train.model] target_layers {out_of_range} outside 0…{layers - 1}"
+    return ""
+
+
+def language_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's shape: multimodal configs keep it under `text_config`."""
+    text = config.get("text_config")
+    return text if "hidden_size" not in config and isinstance(text, dict) else config
 
 
 def last_line(text: str) -> str:
