@@ -6,7 +6,7 @@
 # key/value heads and a wider MLP at the same layers": nor did width).
 #   bench/compare_capacity.sh WORK OUT [bench_eval options for every recipe, e.g. --smoke]
 # Environment: RECIPES (which, in this order: "base kv mlp" by default; also kvmlp, both at
-# once, and deep, DEPTH layers instead of 4), ONE_AT_A_TIME (set: the recipes one after another,
+# once, deep, DEPTH layers instead of 4, and deepN, N layers: "base deep6 deep5"), ONE_AT_A_TIME (set: the recipes one after another,
 # each result kept as it lands, instead of all sharing the GPUs at once), SAMPLES (262144),
 # PAST_CAP (8000000: bytes of installed packages' sources beside the kept files as the drafter's
 # prompts), KV (12: the benchmark target's query heads), MLP (4096: twice the target's), DEPTH
@@ -31,7 +31,10 @@ for name in ${RECIPES:-base kv mlp}; do
     kvmlp) recipes+=(--recipe "kv$kv-mlp$mlp: $recipe --set model.num_kv_heads=$kv \
 --set model.intermediate_size=$mlp") ;;
     deep) recipes+=(--recipe "layers$depth: $recipe --set model.num_layers=$depth") ;;
-    *) echo "$0: unknown recipe '$name' in RECIPES (base, kv, mlp, kvmlp, deep)" >&2; exit 2 ;;
+    deep[1-9]|deep[1-9][0-9])
+      recipes+=(--recipe "layers${name#deep}: $recipe --set model.num_layers=${name#deep}") ;;
+    *) echo "$0: unknown recipe '$name' in RECIPES (base, kv, mlp, kvmlp, deep, deepN)" >&2
+      exit 2 ;;
   esac
 done
 order=()

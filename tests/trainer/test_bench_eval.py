@@ -402,18 +402,18 @@ def test_prompt_sources_side_by_side(tmp_path: Path) -> None:
 
 def test_capacity_side_by_side(tmp_path: Path) -> None:
     """`compare_capacity.sh`: one target and one data set, the default drafter beside its own
-    key/value heads, a wider MLP, both, and more layers, each recipe's setting on record (the
+    key/value heads, a wider MLP, both, and more layers (DEPTH, and a count by name), each recipe's setting on record (the
     layers as trained); one at a time, each run starts after the one before has written its
     result."""
     work, out = tmp_path / "work", tmp_path / "out"
     env = {**os.environ, "PYTHON": sys.executable, "PAST_CAP": "0", "KV": "1", "MLP": "96",
-           "DEPTH": "2", "RECIPES": "kvmlp base kv mlp deep", "ONE_AT_A_TIME": "1"}  # fmt: skip
+           "DEPTH": "2", "RECIPES": "kvmlp base kv mlp deep deep3", "ONE_AT_A_TIME": "1"}  # fmt: skip
     run = subprocess.run(
         [str(REPO / "bench" / "compare_capacity.sh"), str(work), str(out), "--smoke"],
         capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    names = ("kv1-mlp96", "base", "kv1", "mlp96", "layers2")
+    names = ("kv1-mlp96", "base", "kv1", "mlp96", "layers2", "layers3")
     results = {n: json.loads((out / f"{n}.json").read_text()) for n in names}
     assert {n: r["recipe"]["overrides"] for n, r in results.items()} == {
         "kv1-mlp96": ["model.num_kv_heads=1", "model.intermediate_size=96"],
@@ -421,9 +421,10 @@ def test_capacity_side_by_side(tmp_path: Path) -> None:
         "kv1": ["model.num_kv_heads=1"],
         "mlp96": ["model.intermediate_size=96"],
         "layers2": ["model.num_layers=2"],
+        "layers3": ["model.num_layers=3"],
     }
     layers = {n: r["points"][0]["drafter"]["layers"] for n, r in results.items()}
-    assert layers == {**dict.fromkeys(names, 1), "layers2": 2}  # --smoke's 1, or the setting
+    assert layers == {**dict.fromkeys(names, 1), "layers2": 2, "layers3": 3}  # --smoke's 1, or the setting
     assert {r["training_data"] for r in results.values()} == {str(work / "generated-unseen-t1-p16")}
     lookups = [{k: v for k, v in r["baselines"]["prompt_lookup"].items() if k != "seconds"}
                for r in results.values()]  # fmt: skip
