@@ -424,7 +424,8 @@ def test_capacity_side_by_side(tmp_path: Path) -> None:
         "layers3": ["model.num_layers=3"],
     }
     layers = {n: r["points"][0]["drafter"]["layers"] for n, r in results.items()}
-    assert layers == {**dict.fromkeys(names, 1), "layers2": 2, "layers3": 3}  # --smoke's 1, or the setting
+    # --smoke's 1 layer, or the setting's
+    assert layers == {**dict.fromkeys(names, 1), "layers2": 2, "layers3": 3}
     assert {r["training_data"] for r in results.values()} == {str(work / "generated-unseen-t1-p16")}
     lookups = [{k: v for k, v in r["baselines"]["prompt_lookup"].items() if k != "seconds"}
                for r in results.values()]  # fmt: skip
