@@ -6,8 +6,9 @@
 # key/value heads and a wider MLP at the same layers": nor did width).
 #   bench/compare_capacity.sh WORK OUT [bench_eval options for every recipe, e.g. --smoke]
 # Environment: RECIPES (which, in this order: "base kv mlp" by default; also kvmlp, both at
-# once, deep, DEPTH layers instead of 4, and deepN, N layers: "base deep6 deep5"), ONE_AT_A_TIME (set: the recipes one after another,
-# each result kept as it lands, instead of all sharing the GPUs at once), SAMPLES (262144),
+# once, deep, DEPTH layers instead of 4, and deepN, N layers: "base deep6 deep5"),
+# ONE_AT_A_TIME (set: the recipes one after another, each result kept as it lands, instead of
+# all sharing the GPUs at once), SAMPLES (262144),
 # PAST_CAP (8000000: bytes of installed packages' sources beside the kept files as the drafter's
 # prompts), KV (12: the benchmark target's query heads), MLP (4096: twice the target's), DEPTH
 # (6), PYTHON (python3). Two GPUs or more share the recipes out (compare_recipes.py: recipe i on
@@ -30,9 +31,9 @@ for name in ${RECIPES:-base kv mlp}; do
     mlp) recipes+=(--recipe "mlp$mlp: $recipe --set model.intermediate_size=$mlp") ;;
     kvmlp) recipes+=(--recipe "kv$kv-mlp$mlp: $recipe --set model.num_kv_heads=$kv \
 --set model.intermediate_size=$mlp") ;;
-    deep) recipes+=(--recipe "layers$depth: $recipe --set model.num_layers=$depth") ;;
-    deep[1-9]|deep[1-9][0-9])
-      recipes+=(--recipe "layers${name#deep}: $recipe --set model.num_layers=${name#deep}") ;;
+    deep|deep[1-9]|deep[1-9][0-9])
+      n=${name#deep}; n=${n:-$depth}
+      recipes+=(--recipe "layers$n: $recipe --set model.num_layers=$n") ;;
     *) echo "$0: unknown recipe '$name' in RECIPES (base, kv, mlp, kvmlp, deep, deepN)" >&2
       exit 2 ;;
   esac

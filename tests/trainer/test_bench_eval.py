@@ -402,9 +402,9 @@ def test_prompt_sources_side_by_side(tmp_path: Path) -> None:
 
 def test_capacity_side_by_side(tmp_path: Path) -> None:
     """`compare_capacity.sh`: one target and one data set, the default drafter beside its own
-    key/value heads, a wider MLP, both, and more layers (DEPTH, and a count by name), each recipe's setting on record (the
-    layers as trained); one at a time, each run starts after the one before has written its
-    result."""
+    key/value heads, a wider MLP, both, and more layers (DEPTH, and a count by name), each
+    recipe's setting on record (the layers as trained); one at a time, each run starts after
+    the one before has written its result."""
     work, out = tmp_path / "work", tmp_path / "out"
     env = {**os.environ, "PYTHON": sys.executable, "PAST_CAP": "0", "KV": "1", "MLP": "96",
            "DEPTH": "2", "RECIPES": "kvmlp base kv mlp deep deep3", "ONE_AT_A_TIME": "1"}  # fmt: skip
