@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_ops.settings import project as projects
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -86,6 +88,16 @@ def dflash(project: Path, *args: str, timeout: float = 90) -> subprocess.Complet
     )
 
 
+def container_defaults(proxmox: Any, ct: int, project: Path) -> tuple[Path, Path]:
+    """Host paths of `project`'s default root and checkpoints inside container `ct` of the
+    stand-in (its /root and /workspace are `root_dir(ct)` and `workspace_dir(ct)`)."""
+    own = projects.load(project)
+    return (
+        proxmox.root_dir(ct) / Path(own.remote_root).relative_to("/root"),
+        proxmox.workspace_dir(ct) / Path(own.remote_checkpoints).relative_to("/workspace"),
+    )
+
+
 def kill_tmux_server(socket: str) -> None:
     subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
 
@@ -107,14 +119,9 @@ def remote_where(request: Any, tmp_path: Path, ct: int) -> Iterator[Where]:
     else:
         proxmox = request.getfixturevalue("proxmox")
         proxmox.create(ct)
-        where = Where(
-            "proxmox",
-            project,
-            ["--host", proxmox.alias, "--ct", str(ct)],
-            proxmox.root_dir(ct) / "dflash",
-            proxmox.workspace_dir(ct) / "checkpoints",
-            sock,
-        )
+        root, checkpoints = container_defaults(proxmox, ct, project)
+        flags = ["--host", proxmox.alias, "--ct", str(ct)]
+        where = Where("proxmox", project, flags, root, checkpoints, sock)
     yield where
     if request.param == "ssh":
         kill_tmux_server(sock)

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import typer
 
+from dflash_ops.cli import output
 from dflash_ops.cli.options import TargetChoice
 from dflash_ops.commands.workspace import Workspace
+from dflash_ops.settings import project as projects
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,3 +48,30 @@ def workspace(ctx: typer.Context, where: TargetChoice) -> Iterator[Workspace]:
         yield ws
     finally:
         ws.close()
+
+
+def never_deployed_hint(ws: Workspace) -> str:
+    """The hint after "No job deployed from here": deploy from this folder, or — when a job of
+    an earlier dflash runs in the root every project shared then — how to reach that one."""
+    if not ws.shared_root_job():
+        return output.NEVER_DEPLOYED_HINT
+    return (
+        f"A job deployed by an earlier dflash runs in {projects.LEGACY_ROOT} there, the root "
+        f'every project shared then. If it is this project\'s, set root = "{projects.LEGACY_ROOT}" '
+        f'and checkpoints = "{projects.LEGACY_CHECKPOINTS}" in the target\'s table of '
+        f"{ws.config.path}; otherwise deploy from this folder: dflash deploy."
+    )
+
+
+def shared_root_notice(ws: Workspace) -> str:
+    """Said by deploy while this folder's job lives in the root every project shared before
+    each got its own: what that means, and how to move it or keep it."""
+    own = ws.project
+    return (
+        f"This project's job lives in {ws.target.root} on {ws.target.describe()}, the root every "
+        "project shared before dflash gave each its own: another folder deployed there by an "
+        "earlier dflash stops and replaces this job. To give it its own: dflash stop, then set "
+        f'root = "{projects.ROOTS}/{own.id}" and checkpoints = "{projects.CHECKPOINTS}/{own.id}" '
+        f"in the target's table of {ws.config.path} (move the checkpoints there to resume); to "
+        f'keep it and silence this note, set root = "{ws.target.root}" there.'
+    )

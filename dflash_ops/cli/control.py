@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from dflash_ops.cli import output
-from dflash_ops.cli.context import workspace
+from dflash_ops.cli.context import never_deployed_hint, workspace
 from dflash_ops.cli.options import (
     ForceOption,
     TargetChoice,
@@ -48,10 +48,11 @@ def stop(
     """
     with workspace(ctx, where) as ws:
         final = operations.stop(ws, force=force, save=not no_save, say=output.warn)
+        hint = None if final is not None or ws.deployed_here else never_deployed_hint(ws)
     place = ws.target.describe()
-    if final is None and not ws.deployed_here:
+    if hint is not None:
         output.info(output.NEVER_DEPLOYED.format(folder=ws.config.project_dir, place=place))
-        output.hint(output.NEVER_DEPLOYED_HINT)
+        output.hint(hint)
     elif final is None:
         output.info(f"No job session {ws.config.job.session!r} on {place}: nothing to stop.")
     else:

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from dflash_ops.cli import output
-from dflash_ops.cli.context import command, workspace
+from dflash_ops.cli.context import command, shared_root_notice, workspace
 from dflash_ops.cli.options import (
     ForceOption,
     TargetChoice,
@@ -61,6 +61,8 @@ def deploy(
             param_hint="--force-resume",
         )
     with workspace(ctx, where) as ws:
+        if ws.in_shared_root:
+            output.warn(shared_root_notice(ws))
         report = operations.deploy(
             ws,
             resume=resume,

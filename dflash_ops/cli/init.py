@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,7 @@ from dflash_ops.cli.options import AcceptKeyOption, CtOption, HostOption, PortOp
 from dflash_ops.commands import init as init_lib
 from dflash_ops.commands.workspace import open_place
 from dflash_ops.errors import ConfigError, DflashError
+from dflash_ops.settings import project as projects
 from dflash_ops.settings.deploy_config import DEFAULT_CONFIG_NAME, Target
 from trainer.split_rule import default_target_gpus
 
@@ -96,6 +98,11 @@ def init_command(
         model=model,
         data=data,
     )
+    if place_kind != "local":
+        own = projects.load(path.parent)
+        plan = dataclasses.replace(
+            plan, remote_root=own.remote_root, remote_checkpoints=own.remote_checkpoints
+        )
     init_lib.write(path, init_lib.render(plan), force=force)
     split = default_target_gpus(gpus.count)
     output.success(

@@ -7,7 +7,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from dflash_ops.cli import output
-from dflash_ops.cli.context import command, workspace
+from dflash_ops.cli.context import command, never_deployed_hint, workspace
 from dflash_ops.cli.options import (
     TargetChoice,
     with_target,
@@ -61,9 +61,9 @@ def logs(
         except KeyboardInterrupt:
             output.info("Detached from the log; the job keeps running.")
             raise typer.Exit(130) from None
-    if not final.exists:
-        if not ws.deployed_here:
+        if not final.exists and not ws.deployed_here:
             _never_deployed(ws)
+    if not final.exists:
         raise JobNotFound(
             f"No job session {final.session!r} on {ws.target.describe()}: nothing to follow.",
             hint=f"Start one with: {command(ctx, 'deploy')}",
@@ -81,5 +81,5 @@ def _never_deployed(ws: Workspace) -> NoReturn:
     place = ws.target.describe()
     raise JobNotFound(
         output.NEVER_DEPLOYED.format(folder=ws.config.project_dir, place=place),
-        hint=output.NEVER_DEPLOYED_HINT,
+        hint=never_deployed_hint(ws),
     )

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dflash_ops.cli import output
-from dflash_ops.cli.context import workspace
+from dflash_ops.cli.context import never_deployed_hint, workspace
 from dflash_ops.cli.options import (
     TargetChoice,
     with_target,
@@ -49,15 +49,16 @@ def status(
     """
     with workspace(ctx, where) as ws:
         report = operations.status(ws, lines=lines)
+        hint = None if report["exists"] or report["deployed_here"] else never_deployed_hint(ws)
     if as_json:
         output.out.print_json(json.dumps(report)) if output.out.is_terminal else print(
             json.dumps(report)
         )
         return
-    _print_human(report)
+    _print_human(report, hint)
 
 
-def _print_human(report: dict[str, Any]) -> None:
+def _print_human(report: dict[str, Any], hint: str | None) -> None:
     say = output.out.print
     say(f"[bold]target[/bold]   {escape(report['target'])} ({escape(report['place'])})")
     if report["running"]:
@@ -73,8 +74,8 @@ def _print_human(report: dict[str, Any]) -> None:
     else:
         job = "[yellow]not running[/yellow] (no session)"
     say(f"[bold]job[/bold]      {escape(report['session'])}: {job}")
-    if not report["exists"] and not report.get("deployed_here", True):
-        output.hint(output.NEVER_DEPLOYED_HINT)
+    if hint is not None:
+        output.hint(hint)
     say(f"[bold]release[/bold]  {escape(report['release'] or 'none deployed')}")
     running = report.get("job_release")
     if running and report["running"] and running != report["release"]:

@@ -42,6 +42,8 @@ class InitPlan:
     gpus: GpuInfo
     model: str | None = None
     data: str | None = None  # training data at the place (with `model`)
+    remote_root: str = "/root/dflash/<project>"  # this folder's defaults at a remote place
+    remote_checkpoints: str = "/workspace/dflash/<project>"
 
 
 def count_gpus(place: Place) -> GpuInfo:
@@ -98,8 +100,10 @@ def render(plan: InitPlan) -> str:
         if plan.place == "proxmox":
             lines.append(_line(f"ct = {plan.ct}", "the LXC container, reached with pct exec"))
         lines += [
-            _line('# root = "/root/dflash"', "releases/ and current/ live here"),
-            _line('# checkpoints = "/workspace/checkpoints"'),
+            _line(
+                f"# root = {_toml_str(plan.remote_root)}", "this folder's own: releases/, current"
+            ),
+            _line(f"# checkpoints = {_toml_str(plan.remote_checkpoints)}"),
             _line('# python = "python3"', "the job's interpreter at that place"),
         ]
     lines += [

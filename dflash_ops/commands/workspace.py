@@ -16,6 +16,7 @@ from dflash_ops.remote.checkpoints import Checkpoints
 from dflash_ops.remote.job import Job, socket_for
 from dflash_ops.remote.lock import DeployLock
 from dflash_ops.remote.release import Releases
+from dflash_ops.settings import project as projects
 from dflash_ops.settings import state
 from dflash_ops.settings.deploy_config import (
     Config,
@@ -133,6 +134,38 @@ class Workspace:
         """Whether a deploy from this project folder went to this target (`.dflash/state.json`)."""
         record = state.load(self.config.project_dir)
         return record is not None and record.target == self.target.describe()
+
+    @property
+    def project(self) -> projects.Project:
+        """This folder's own defaults at remote places (`.dflash/project.json`)."""
+        return projects.load(self.config.project_dir)
+
+    @property
+    def in_shared_root(self) -> bool:
+        """The job lives in the root every project shared before each got its own (a folder
+        that deployed with an earlier dflash keeps it), and deploy.toml does not name it."""
+        tables = [self.config.default_target, *self.config.targets.values()]
+        named = any(table.get("root") == self.target.root for table in tables)
+        return (
+            self.target.remote
+            and self.target.root == projects.LEGACY_ROOT
+            and self.project.legacy
+            and not named
+        )
+
+    def shared_root_job(self) -> bool:
+        """Whether a job runs in the shared root of an earlier dflash, on its default socket,
+        while this folder looks for its own elsewhere (asked only when it found none)."""
+        if not self.target.remote or self.config.job.socket is not None:
+            return False
+        if self.target.root != self.project.remote_root or self.project.legacy:
+            return False
+        job = self.config.job
+        shared = Job(
+            self.place, session=job.session, log=self.log_path,
+            socket=socket_for(projects.LEGACY_ROOT),
+        )  # fmt: skip
+        return shared.state().exists
 
     def releases(self) -> Releases:
         return Releases(self.place, self.target.root)

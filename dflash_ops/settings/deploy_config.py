@@ -12,7 +12,8 @@ settings.
     [train]             opaque to us: handed to the trainer as a TOML file
 
 Precedence for a target's fields: command-line flags > the selected target's fields > per-place
-defaults. Selection: `--target NAME` or `--host`, else the target last deployed from this folder
+defaults (at a remote place, `root` and `checkpoints` default to this project's own folders:
+`settings/project.py`). Selection: `--target NAME` or `--host`, else the target last deployed from this folder
 (`.dflash/state.json`), else `[target]`.
 """
 
@@ -28,6 +29,7 @@ from typing import Any
 
 from dflash_ops.connect import shell, ssh_names
 from dflash_ops.errors import ConfigError, UnsafeValue
+from dflash_ops.settings import project
 from dflash_ops.settings.job_config import JobConfig, job_config
 from dflash_ops.settings.toml_keys import INT, STR, TABLE, Schema, check_keys, type_error
 
@@ -35,8 +37,6 @@ CONFIG_ENV = "DFLASH_CONFIG"
 DEFAULT_CONFIG_NAME = "deploy.toml"
 PLACES = ("local", "ssh", "proxmox")
 
-REMOTE_ROOT = "/root/dflash"
-REMOTE_CHECKPOINTS = "/workspace/checkpoints"
 REMOTE_PYTHON = "python3"
 LOCAL_DIR = ".dflash/local"  # relative to the config's folder
 
@@ -289,10 +289,7 @@ def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> T
                 f'{where}: ct = {ct} is set but place is "ssh".',
                 hint='Set place = "proxmox" to run inside the container, or remove ct.',
             )
-        root = _remote_path("root", fields.get("root", REMOTE_ROOT), where)
-        checkpoints = _remote_path(
-            "checkpoints", fields.get("checkpoints", REMOTE_CHECKPOINTS), where
-        )
+        root, checkpoints = _remote_folders(fields, config=config, where=where)
         python = fields.get("python", REMOTE_PYTHON)
     if port is not None and not 1 <= port <= 65535:
         raise ConfigError(f"{where}: port = {port} is not a TCP port (1-65535).")
@@ -321,6 +318,20 @@ def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> T
         root=root,
         checkpoints=checkpoints,
         python=python,
+    )
+
+
+def _remote_folders(fields: Mapping[str, Any], *, config: Config, where: str) -> tuple[str, str]:
+    """`root` and `checkpoints` at a remote place: the target's, else this project's own
+    defaults (`project.load`: per project folder, so two projects never share a job)."""
+    given = {key: fields[key] for key in ("root", "checkpoints") if key in fields}
+    if len(given) < 2:
+        defaults = project.load(config.project_dir)
+        given.setdefault("root", defaults.remote_root)
+        given.setdefault("checkpoints", defaults.remote_checkpoints)
+    return (
+        _remote_path("root", given["root"], where),
+        _remote_path("checkpoints", given["checkpoints"], where),
     )
 
 

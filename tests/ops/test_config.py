@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dflash_ops.errors import ConfigError
-from dflash_ops.settings import state, toml_writer
+from dflash_ops.settings import project, state, toml_writer
 from dflash_ops.settings.deploy_config import TargetFlags, find_config, load_config, resolve_target
 from dflash_ops.settings.job_config import DEFAULT_ENV
 
@@ -129,7 +129,9 @@ def test_named_target_and_per_place_defaults(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, FULL))
     box = resolve_target(config, TargetFlags(target="gpu-box"), remembered=None)
     assert (box.place, box.host, box.ct) == ("proxmox", "10.1.2.6", 200)
-    assert (box.root, box.checkpoints, box.python) == ("/root/dflash", "/data/ckpt", "python3")
+    own = project.load(tmp_path)  # this folder's own root at any remote place
+    assert (box.root, box.checkpoints, box.python) == (own.remote_root, "/data/ckpt", "python3")
+    assert own.remote_root.startswith(f"/root/dflash/{tmp_path.name}-")
     plain = resolve_target(config, TargetFlags(target="plain", port=22), remembered=None)
     assert (plain.user, plain.port, plain.python) == ("me", 22, "/opt/venv/bin/python")
 
@@ -144,7 +146,9 @@ def test_host_flags_make_ssh_and_proxmox(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, FULL))
     ssh = resolve_target(config, TargetFlags(host="h", user="u", port=2200), remembered=None)
     assert (ssh.place, ssh.host, ssh.user, ssh.port, ssh.ct) == ("ssh", "h", "u", 2200, None)
-    assert ssh.root == "/root/dflash" and ssh.checkpoints == "/workspace/checkpoints"
+    own = project.load(tmp_path)
+    assert (ssh.root, ssh.checkpoints) == (own.remote_root, own.remote_checkpoints)
+    assert own.remote_checkpoints == f"/workspace/dflash/{own.id}"
     pve = resolve_target(config, TargetFlags(host="h", ct=201), remembered=None)
     assert (pve.place, pve.ct) == ("proxmox", 201)
     # --host on a named target keeps its other fields

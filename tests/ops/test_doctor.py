@@ -18,7 +18,9 @@ import torch
 from dflash_ops.commands import doctor
 from dflash_ops.connect.place import ContainerPlace, HostPlace
 from dflash_ops.connect.transport import LocalTransport, SSHTransport
+from dflash_ops.settings import project as project_settings
 from dflash_ops.settings.deploy_config import TargetFlags, load_config, resolve_target
+from tests.cli_helpers import container_defaults
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable  # has torch: the job's python in every test
@@ -392,8 +394,9 @@ def test_proxmox_container_passes_with_the_smoke_test(proxmox, tmp_path):
         place.close()
     assert [c.name for c in checks][:3] == ["ssh", "container", "tmux"]
     assert all(c.ok for c in checks), [c for c in checks if not c.ok]
-    assert (proxmox.workspace_dir(200) / "checkpoints").is_dir()  # /workspace/checkpoints inside
-    assert not any((proxmox.root_dir(200) / "dflash" / "doctor").glob("*"))
+    root, checkpoints = container_defaults(proxmox, 200, folder)
+    assert checkpoints.is_dir()  # /workspace/dflash/<project> inside
+    assert not any((root / "doctor").glob("*"))
 
 
 def test_stopped_container(proxmox, tmp_path):
@@ -426,13 +429,12 @@ def test_host_without_pct(proxmox, tmp_path):
 
 def test_read_only_checkpoints_mount_in_the_container(proxmox, tmp_path):
     proxmox.create(200)
-    (proxmox.workspace_dir(200) / "checkpoints").mkdir()
-    for argv in (
-        ["mount", "--bind", "/workspace/checkpoints", "/workspace/checkpoints"],
-        ["mount", "-o", "remount,bind,ro", "/workspace/checkpoints"],
-    ):
-        assert proxmox.exec_in(200, argv).returncode == 0
     folder = pve_project(tmp_path)
+    _, host_path = container_defaults(proxmox, 200, folder)
+    host_path.mkdir(parents=True)
+    inside = project_settings.load(folder).remote_checkpoints
+    for argv in (["mount", "--bind", inside, inside], ["mount", "-o", "remount,bind,ro", inside]):
+        assert proxmox.exec_in(200, argv).returncode == 0
     place = ContainerPlace(SSHTransport(proxmox.alias), 200)
     try:
         checks = by_name(doctor.diagnose(setup_of(folder), place, gpu_smoke=False))
@@ -440,6 +442,6 @@ def test_read_only_checkpoints_mount_in_the_container(proxmox, tmp_path):
         place.close()
     check = checks["checkpoints"]
     assert check.status == "failed"
-    assert "/workspace/checkpoints is not writable" in check.detail
+    assert f"{inside} is not writable" in check.detail
     assert "Read-only file system" in check.detail
     assert "read-only mount" in check.fix

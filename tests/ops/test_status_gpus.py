@@ -21,7 +21,7 @@ import torch
 from torch.distributed import HashStore
 
 from dflash_ops.commands import gpus
-from tests.cli_helpers import Where, kill_tmux_server
+from tests.cli_helpers import Where, container_defaults, kill_tmux_server
 from trainer.distributed import Roles
 from trainer.metrics import GIB, METRICS, RankStats, RoleMetrics, append_row
 
@@ -90,7 +90,7 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GpuPlace]:
         proxmox = request.getfixturevalue("proxmox")
         proxmox.create(CT)
         flags = ["--host", proxmox.alias, "--ct", str(CT)]
-        root, ckpt = proxmox.root_dir(CT) / "dflash", proxmox.workspace_dir(CT) / "checkpoints"
+        root, ckpt = container_defaults(proxmox, CT, project)
         spot = GpuPlace("proxmox", project, flags, root, ckpt, socket)
         spot.standin_at, spot.standin_host = "/root/smi", proxmox.root_dir(CT) / "smi"
     else:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import REPO, default_sigint, dflash, kill_tmux_server
+from tests.cli_helpers import REPO, container_defaults, default_sigint, dflash, kill_tmux_server
 from tests.ops.test_doctor import lend_python
 from trainer.config import config_from_dict
 from trainer.export import export
@@ -97,7 +97,7 @@ def place(request: pytest.FixtureRequest, tmp_path: Path, trained: Trained) -> I
         proxmox = request.getfixturevalue("proxmox")
         proxmox.create(CT)
         lend_python(proxmox, CT)
-        ckpt = proxmox.workspace_dir(CT) / "checkpoints"
+        _, ckpt = container_defaults(proxmox, CT, project)
         shutil.copytree(trained.assets, proxmox.workspace_dir(CT) / "assets")
         target = (
             f'[target]\nplace = "proxmox"\nhost = "{proxmox.alias}"\nct = {CT}\npython = {python}\n'

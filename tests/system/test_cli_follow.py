@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import REPO, Where, default_sigint, kill_tmux_server
+from tests.cli_helpers import REPO, Where, container_defaults, default_sigint, kill_tmux_server
 
 
 def start_follow(where: Where) -> subprocess.Popen[str]:
@@ -62,8 +62,7 @@ def remote_where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Whe
             "proxmox",
             project,
             ["--host", proxmox.alias, "--ct", "200"],
-            proxmox.root_dir(200) / "dflash",
-            proxmox.workspace_dir(200) / "checkpoints",
+            *container_defaults(proxmox, 200, project),
             socket,
         )
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import Where, kill_tmux_server
+from tests.cli_helpers import Where, container_defaults, kill_tmux_server
 
 CT = 200
 
@@ -43,8 +43,7 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
             kind,
             project,
             ["--host", proxmox.alias, "--ct", str(CT)],
-            proxmox.root_dir(CT) / "dflash",
-            proxmox.workspace_dir(CT) / "checkpoints",
+            *container_defaults(proxmox, CT, project),
             socket,
         )
         spot.canary_at, spot.canary_host = "/root/canary", proxmox.root_dir(CT) / "canary"

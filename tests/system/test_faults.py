@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import REPO, Where, kill_tmux_server
+from tests.cli_helpers import REPO, Where, container_defaults, kill_tmux_server
 from tests.trainer.test_train import write_toml
 from trainer.checkpoint import find_resumable, verify
 
@@ -184,9 +184,9 @@ def test_container_stopped_in_the_middle_of_a_stop(tmp_path: Path, proxmox) -> N
     project = tmp_path / "project"
     project.mkdir()
     proxmox.create(240)
-    root = proxmox.root_dir(240) / "dflash"
+    root, checkpoints = container_defaults(proxmox, 240, project)
     where = Where("proxmox", project, ["--host", proxmox.alias, "--ct", "240"], root,
-                  proxmox.workspace_dir(240) / "checkpoints", f"dft-{uuid.uuid4().hex[:10]}")  # fmt: skip
+                  checkpoints, f"dft-{uuid.uuid4().hex[:10]}")  # fmt: skip
     where.config("trap '' INT TERM; echo up; sleep 60")
     assert where.run("deploy", *where.flags).returncode == 0
     end = time.monotonic() + 30
