@@ -110,6 +110,18 @@ class CheckpointPathError(DflashError):
     hint = "Check `checkpoints` in deploy.toml: it must be an absolute folder that is not /."
 
 
+class CheckpointsUnverified(DflashError):
+    """The trainer at the place could not say which runs hold a verified checkpoint."""
+
+    hint = "Check the job's python there with: dflash doctor. Nothing was deleted."
+
+
+class NotConfirmed(DflashError):
+    """A deletion was not confirmed: declined, or asked for where nobody can answer."""
+
+    hint = "Pass --yes to go ahead without asking, or --dry-run to see what would go."
+
+
 class LockHeld(DflashError):
     """Another dflash command holds the place's deploy lock."""
 

@@ -102,18 +102,23 @@ def kill_tmux_server(socket: str) -> None:
     subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
 
 
-def remote_where(request: Any, tmp_path: Path, ct: int) -> Iterator[Where]:
+def remote_where(
+    request: Any, tmp_path: Path, ct: int, *, python: str | None = None
+) -> Iterator[Where]:
     """A project folder and the remote place of `request.param`: "ssh" (the sshd fixture's
     `testbox`, a `[targets.box]` entry) or "proxmox" (container `ct` of the `pct` stand-in,
-    created here). The body of the modules' parametrised `remote` fixtures."""
+    created here). The body of the modules' parametrised `remote` fixtures. `python`: the
+    job's interpreter (this one, lent to the container: `[targets.pve]` then names the place)."""
     project = tmp_path / "project"
     project.mkdir()
     sock = f"dft-{uuid.uuid4().hex[:10]}"
+    interpreter = f"python = {json.dumps(python)}\n" if python else ""
     if request.param == "ssh":
+        request.getfixturevalue("ssh_home")
         root, ckpt = tmp_path / "root", tmp_path / "ckpt"
         where = Where("ssh", project, ["--target", "box"], root, ckpt, sock)
         where.targets = (
-            f'[targets.box]\nplace = "ssh"\nhost = "testbox"\n'
+            f'[targets.box]\nplace = "ssh"\nhost = "testbox"\n{interpreter}'
             f'root = "{root}"\ncheckpoints = "{ckpt}"\n'
         )
     else:
@@ -122,6 +127,15 @@ def remote_where(request: Any, tmp_path: Path, ct: int) -> Iterator[Where]:
         root, checkpoints = container_defaults(proxmox, ct, project)
         flags = ["--host", proxmox.alias, "--ct", str(ct)]
         where = Where("proxmox", project, flags, root, checkpoints, sock)
+        if python:
+            from tests.ops.test_doctor import lend_python  # under /root: the container's own
+
+            lend_python(proxmox, ct)
+            where.flags = ["--target", "pve"]
+            where.targets = (
+                f'[targets.pve]\nplace = "proxmox"\nhost = "{proxmox.alias}"\nct = {ct}\n'
+                + interpreter
+            )
     yield where
     if request.param == "ssh":
         kill_tmux_server(sock)

@@ -10,6 +10,7 @@ import logging
 import sys
 import traceback
 
+from rich import filesize
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
@@ -42,6 +43,16 @@ NEVER_DEPLOYED_HINT = (
     "Deploy from this folder with: dflash deploy. A job deployed from another folder is that "
     "project's (its own tmux socket): run dflash there, or pass its --target/--host."
 )
+
+
+def size(n: int) -> str:
+    """Bytes for a person: `121 bytes`, `1.0 MB`, `2.26 GB` (powers of 1000, as `du --si`)."""
+    return filesize.decimal(n, precision=1 if n < 10**9 else 2)
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """`1 entry`, `3 entries`, `0 runs`."""
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
 
 
 def error(exc: DflashError) -> None:

@@ -6,7 +6,7 @@ entry of the folder — checkpoints, metrics, the previous run's log — into
 the trainer starts from an empty folder and the old run can still be recovered.
 
 Archiving is a step of the site program (`remote/site.sh`: `checkpoints_archive`), run inside
-deploy's and restart's one command. Pruning (`remote.client.prune_runs`, what `doomed` chooses)
+deploy's and restart's one command. Pruning (`remote.client.delete_runs`, what `choose` picks)
 is the one deletion, of archived *runs* only (never the live entries). A run is a real folder
 directly in `archive/` named by `archive_dest` (`YYYYMMDDTHHMMSS.mmmZ`); anything else there — a
 symlink, a file, a folder with another name — is not a run: it is never counted among the N
@@ -16,12 +16,20 @@ run, its parent resolving (`realpath -e`) to `<checkpoints>/archive` strictly in
 checkpoints folder (so `/`, an empty path and `..` are refused before `rm` runs). `rm -rf` is
 given the entry itself, never a resolved path: a link swapped in at the last moment is removed
 as a link, and `rm -rf` never follows symlinks below the folder it removes.
+
+Which runs a prune keeps (`choose`) is decided by what they hold, not by their age alone: only a
+run with a verified checkpoint counts among the N kept, and the newest such run is never deleted
+while the live folder has none (a fresh deploy has just archived the run that trained). Whether
+a folder holds one is the trainer's own answer (`VERIFY`: `trainer.checkpoint.find_resumable`,
+the function a resume uses), run at the place by the job's python.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -59,12 +67,49 @@ class Entry:
     mtime: float
 
 
+Entries = list[Entry]
+
+
 @dataclass(frozen=True, kw_only=True)
 class PruneReport:
     deleted: list[str]  # archive stamps removed
-    kept: list[str]  # archive stamps left (the newest `keep`)
     refused: list[str]  # one message per entry that failed its path proof (left in place)
-    skipped: list[str] = field(default_factory=list)  # one message per entry that is not a run
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """One archived run: its stamp, the bytes it holds, its newest verified checkpoint."""
+
+    stamp: str
+    size: int
+    checkpoint: str | None  # `step-…` (None: no verified checkpoint in it)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """What a prune does with one run, and why (said in the listing before anything goes)."""
+
+    run: Run
+    keep: bool
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrunePlan:
+    """Every archived run, newest first, with its verdict; the live folder's newest verified
+    checkpoint; one message per entry of `archive/` that is not a run (left alone)."""
+
+    verdicts: list[Verdict]
+    live: str | None
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def doomed(self) -> list[Run]:
+        return [v.run for v in self.verdicts if not v.keep]
+
+    @property
+    def kept(self) -> list[Run]:
+        return [v.run for v in self.verdicts if v.keep]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,16 +160,12 @@ class Checkpoints:
         }
         return Listing(live=live, archived=archived)
 
-    def doomed(self, *, keep: int) -> tuple[Names, Names, Names]:
-        """What a prune keeping the newest `keep` runs would do: (runs to delete, runs kept,
-        one message per entry of `archive/` that is not a run, `is_run`, left alone)."""
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
-            raise CheckpointPathError(f"--keep must be 0 or more, not {keep!r}.", hint="")
-        entries = self.entries(self.archive_dir)
-        stamps = sorted(e.name for e in entries if is_run(e))
+    def archived(self) -> tuple[Entries, Names]:
+        """The archived runs (`is_run`, sized with `du`), oldest first, and one message per
+        other entry of `archive/` (left alone)."""
+        entries = self.entries(self.archive_dir, sizes=True)
         skipped = [_not_a_run(self.archive_dir, e) for e in entries if not is_run(e)]
-        doomed = stamps[: len(stamps) - keep] if keep else stamps
-        return doomed, [s for s in stamps if s not in doomed], skipped
+        return [e for e in entries if is_run(e)], skipped
 
     def run_path(self, stamp: str) -> str:
         """The path of archived run `stamp`, proven to be directly inside `archive/`."""
@@ -135,6 +176,54 @@ class Checkpoints:
         if not name or "/" in name or name in (".", "..") or "\0" in name:
             raise CheckpointPathError(f"Refusing {name!r}: not an entry of {folder or self.path}.")
         return f"{folder or self.path}/{name}"
+
+
+# Run by the job's python in a folder holding `trainer/` (the current release): for each folder
+# in argv, one JSON line [folder, its newest verified checkpoint's name or null], as a resume
+# would find it.
+VERIFY = """import json, sys
+from trainer.checkpoint import find_resumable
+for folder in sys.argv[1:]:
+    found = find_resumable(folder)
+    print(json.dumps([folder, found.path.name if found.path is not None else None]), flush=True)
+"""
+
+
+def parse_verified(text: str) -> dict[str, str | None]:
+    """`VERIFY`'s lines → {folder: newest verified checkpoint or None}; other lines (a
+    library's chatter) are ignored."""
+    found: dict[str, str | None] = {}
+    for line in text.splitlines():
+        try:
+            folder, name = json.loads(line)
+        except (ValueError, TypeError):
+            continue
+        if isinstance(folder, str) and (name is None or isinstance(name, str)):
+            found[folder] = name
+    return found
+
+
+def choose(runs: Sequence[Run], *, keep: int, live: str | None) -> list[Verdict]:
+    """The verdict on each archived run, newest first: the `keep` newest runs holding a verified
+    checkpoint stay; when the live folder holds none (`live` is None), the newest run that does
+    stays too, whatever `keep` says; everything else goes (a run without a verified checkpoint
+    — a crash log, a run stopped before its first save — never counts among the kept)."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise CheckpointPathError(f"--keep must be 0 or more, not {keep!r}.", hint="")
+    newest_first = sorted(runs, key=lambda r: r.stamp, reverse=True)
+    with_checkpoint = [r for r in newest_first if r.checkpoint is not None]
+    kept = {r.stamp: f"one of the {keep} newest with a checkpoint" for r in with_checkpoint[:keep]}
+    if live is None and with_checkpoint and with_checkpoint[0].stamp not in kept:
+        kept[with_checkpoint[0].stamp] = "the newest checkpoint anywhere (the live folder has none)"
+    verdicts = []
+    for run in newest_first:
+        if run.stamp in kept:
+            verdicts.append(Verdict(run=run, keep=True, why=kept[run.stamp]))
+        elif run.checkpoint is None:
+            verdicts.append(Verdict(run=run, keep=False, why="no verified checkpoint"))
+        else:
+            verdicts.append(Verdict(run=run, keep=False, why=f"beyond the {keep} kept"))
+    return verdicts
 
 
 def is_run(entry: Entry) -> bool:

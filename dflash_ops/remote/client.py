@@ -303,13 +303,12 @@ def error(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError:
 REFUSED = 3  # site.sh prune-run: the entry failed its proof at the place
 
 
-def prune_runs(checkpoints: Checkpoints, *, keep: int) -> PruneReport:
-    """Delete all but the newest `keep` archived runs (`Checkpoints.doomed` chooses), each by
-    `site.sh prune-run`, which proves at the place that the entry is a run before `rm`."""
-    doomed, kept, skipped = checkpoints.doomed(keep=keep)
+def delete_runs(checkpoints: Checkpoints, stamps: Sequence[str]) -> PruneReport:
+    """Delete the archived runs `stamps` (chosen by `checkpoints.choose`), each by `site.sh
+    prune-run`, which proves at the place that the entry is a run before `rm`."""
     deleted, refused = [], []
     place = checkpoints.place
-    for stamp in doomed:
+    for stamp in stamps:
         options = [("checkpoints", checkpoints.path), ("run", checkpoints.run_path(stamp))]
         result = place.run(site_argv("prune-run", options), check=False)
         if result.exit_code == 0:
@@ -320,4 +319,4 @@ def prune_runs(checkpoints: Checkpoints, *, keep: int) -> PruneReport:
             raise RemoteCommandFailed(
                 place.description, result.argv, result.exit_code, result.stderr_text
             )
-    return PruneReport(deleted=deleted, kept=kept, refused=refused, skipped=skipped)
+    return PruneReport(deleted=deleted, refused=refused)
