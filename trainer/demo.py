@@ -5,8 +5,11 @@ loading, prepare, training, checkpoints) runs on a CPU with nothing downloaded.
   its greedy continuations fall into context-dependent cycles: structured, learnable), saved with `save_pretrained`;
 - a byte-level tokenizer with a ChatML template, built with `tokenizers`, saved beside it;
 - `train.jsonl`: random prompts and the target's own greedy continuations, supervised on the
-  continuation only — exactly what a drafter of this target can learn.
-A `complete.json` marker is written last; a folder without it is rebuilt.
+  continuation only — exactly what a drafter of this target can learn;
+- `heldout.jsonl`: more of them, from other random prompts, never trained on: what
+  `python -m trainer.evaluate` (and `dflash eval`) decodes on the demo when no prompts are given.
+A `complete.json` marker is written last; a folder without it is rebuilt (one from before the
+held-out prompts only gets them).
 
     python -m trainer.demo FOLDER     # build the assets into FOLDER
 """
@@ -33,6 +36,8 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 MARKER = "complete.json"
+HELDOUT = "heldout.jsonl"
+HELDOUT_PROMPTS = 16
 
 
 def build_tokenizer(folder: str | Path) -> None:
@@ -78,10 +83,14 @@ def build_target(folder: str | Path, config: DemoConfig) -> Qwen3ForCausalLM:
 
 
 @torch.no_grad()
-def generate_samples(model: Qwen3ForCausalLM, config: DemoConfig) -> list[Sample]:
-    """Greedy continuations of random byte prompts; loss on the continuation."""
-    gen = torch.Generator().manual_seed(config.seed + 1)
-    prompts = torch.randint(0, 256, (config.num_samples, config.prompt_len), generator=gen)
+def generate_samples(
+    model: Qwen3ForCausalLM, config: DemoConfig, *, count: int | None = None, stream: int = 1
+) -> list[Sample]:
+    """Greedy continuations of `count` (default `num_samples`) random byte prompts; loss on the
+    continuation. `stream` picks the random prompts: 1 the training data, 2 the held-out ones."""
+    gen = torch.Generator().manual_seed(config.seed + stream)
+    rows = config.num_samples if count is None else count
+    prompts = torch.randint(0, 256, (rows, config.prompt_len), generator=gen)
     full = model.generate(
         input_ids=prompts,
         attention_mask=torch.ones_like(prompts),
@@ -94,6 +103,16 @@ def generate_samples(model: Qwen3ForCausalLM, config: DemoConfig) -> list[Sample
     return [Sample(row.tolist(), list(mask)) for row in full]
 
 
+def write_heldout(folder: Path, model: Qwen3ForCausalLM, config: DemoConfig) -> Path:
+    """`heldout.jsonl` in `folder`: the target's continuations of prompts it did not train on,
+    written whole (a temporary file renamed into place)."""
+    path = folder / HELDOUT
+    tmp = path.with_name(f".{HELDOUT}.tmp-{os.getpid()}")
+    write_samples(tmp, generate_samples(model.eval(), config, count=HELDOUT_PROMPTS, stream=2))
+    os.replace(tmp, path)
+    return path
+
+
 def ensure_demo_assets(folder: str | Path, config: DemoConfig) -> tuple[Path, Path]:
     """Build (or reuse when complete and built from the same settings) → (target dir, data file)."""
     folder = Path(folder)
@@ -103,6 +122,10 @@ def ensure_demo_assets(folder: str | Path, config: DemoConfig) -> tuple[Path, Pa
     if marker.is_file():
         try:
             if json.loads(marker.read_text()) == wanted:
+                if not (folder / HELDOUT).is_file():  # built before the held-out prompts
+                    from transformers import Qwen3ForCausalLM
+
+                    write_heldout(folder, Qwen3ForCausalLM.from_pretrained(target_dir), config)
                 return target_dir, data_path
         except ValueError:  # torn or not UTF-8: rebuilt below
             pass
@@ -112,6 +135,7 @@ def ensure_demo_assets(folder: str | Path, config: DemoConfig) -> tuple[Path, Pa
     model = build_target(tmp / "target", config)
     build_tokenizer(tmp / "target")
     write_samples(tmp / "train.jsonl", generate_samples(model, config))
+    write_heldout(tmp, model, config)
     (tmp / MARKER).write_text(json.dumps(wanted, sort_keys=True))
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)

@@ -35,10 +35,6 @@ from trainer.speculative import BATCH_TOKENS, EvalReport, evaluate, greedy_outpu
 from trainer.target import Target
 from trainer.tau_bootstrap import tau_difference
 
-# The folder of a checkpoints folder that finished runs are moved into (by `dflash`'s fresh
-# deploys): it holds runs only.
-ARCHIVE = "archive"
-
 log = logging.getLogger(__name__)
 
 
@@ -151,16 +147,6 @@ def load_drafter(config: Any, checkpoint: str | Path, target: Target) -> tuple[D
     return drafter.eval(), manifest.step
 
 
-def trained_in(run_dir: Path) -> Path:
-    """The folder the run was trained in (its `--out`), so the demo assets are the ones the
-    training built, beside it. An archived run (`<out>/archive/<UTC time>/`, where a fresh
-    deploy moves the previous run) was trained in `<out>`: assets resolved from the run folder
-    itself would land in `archive/`, where only runs belong."""
-    if run_dir.parent.name == ARCHIVE:
-        return run_dir.parent.parent
-    return run_dir
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m trainer.evaluate", description=__doc__.split("\n")[0]
@@ -171,7 +157,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     which.add_argument(
         "--drafter", help="an exported folder (config.json + model.safetensors), as served"
     )
-    p.add_argument("--prompts", required=True, help="JSONL: tokenized samples or chat messages")
+    p.add_argument(
+        "--prompts",
+        help="JSONL: tokenized samples or chat messages (default: eval.prompts of the config, "
+        "else the demo's held-out prompts)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts only")
     p.add_argument("--no-lossless-check", action="store_true", help="skip plain greedy decoding")
@@ -221,17 +211,15 @@ def load_block_drafter(args: argparse.Namespace, config: Any) -> tuple[Target, B
 
 def run(args: argparse.Namespace) -> Comparison:
     from trainer.config import load_config
-    from trainer.runtime import resolve_demo
+    from trainer.runtime import demo_of_checkpoint
 
     config = load_config(args.config, args.overrides)
-    ckpt_path = Path(args.checkpoint or args.drafter)
-    run_dir = ckpt_path.parent if ckpt_path.name.startswith("step-") else ckpt_path
-    config = resolve_demo(config, trained_in(run_dir))
+    config = demo_of_checkpoint(config, Path(args.checkpoint or args.drafter))
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     target, block, what = load_block_drafter(args, config)
     prompts = load_prompts(
-        args.prompts,
+        args.prompts or default_prompts(config),
         tokenizer_dir=config.model.target,
         limit=args.limit,
         template=template_options(config),
@@ -250,6 +238,22 @@ def run(args: argparse.Namespace) -> Comparison:
         check_lossless=not args.no_lossless_check,
         progress=None if say is None else _progress_printer(say),
         batch_tokens=args.batch_tokens,
+    )
+
+
+def default_prompts(config: Any) -> str:
+    """The prompts when `--prompts` is not given: `eval.prompts`, else the demo's held-out
+    prompts (built with its assets: prompts the drafter never trained on)."""
+    if config.eval.prompts:
+        return str(config.eval.prompts)
+    if config.demo.enabled:
+        from trainer.demo import HELDOUT
+
+        return str(Path(config.data.path).with_name(HELDOUT))
+    raise TrainerError(
+        "no prompts to evaluate on",
+        hint="Pass --prompts FILE (JSONL in a training format, prompts the drafter did not "
+        "train on), or set eval.prompts in the config.",
     )
 
 

@@ -156,14 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr, force=True)
     try:
         from trainer.config import load_config
-        from trainer.runtime import resolve_demo
+        from trainer.runtime import demo_of_checkpoint
 
         if not args.checkpoint:
             raise ExportRefused("no checkpoint given", hint="Pass --checkpoint DIR.")
         config = load_config(args.config, args.overrides)
         ckpt_path = Path(args.checkpoint)
-        run_dir = ckpt_path.parent if ckpt_path.name.startswith("step-") else ckpt_path
-        config = resolve_demo(config, run_dir)
+        config = demo_of_checkpoint(config, ckpt_path)
         torch.set_num_threads(max(1, config.run.threads or torch.get_num_threads()))
         out = export(config, ckpt_path, args.out, dtype=args.dtype)
     except TrainerError as exc:

@@ -36,6 +36,28 @@ def resolve_demo(config: TrainConfig, out_dir: Path) -> TrainConfig:
     return with_overrides(config, model={"target": str(target_dir)}, data={"path": str(data_path)})
 
 
+# The folder of a checkpoints folder that finished runs are moved into (by `dflash`'s fresh
+# deploys): it holds runs only.
+ARCHIVE = "archive"
+
+
+def trained_in(run_dir: Path) -> Path:
+    """The folder the run was trained in (its `--out`), so the demo assets are the ones the
+    training built, beside it. An archived run (`<out>/archive/<UTC time>/`, where a fresh
+    deploy moves the previous run) was trained in `<out>`: assets resolved from the run folder
+    itself would land in `archive/`, where only runs belong."""
+    if run_dir.parent.name == ARCHIVE:
+        return run_dir.parent.parent
+    return run_dir
+
+
+def demo_of_checkpoint(config: TrainConfig, checkpoint: Path) -> TrainConfig:
+    """`resolve_demo` for a tool reading `checkpoint` (a `step-…` folder or a run folder, live
+    or archived): the demo assets its training used."""
+    run_dir = checkpoint.parent if checkpoint.name.startswith("step-") else checkpoint
+    return resolve_demo(config, trained_in(run_dir))
+
+
 def load_configured_target(config: TrainConfig, device: torch.device | None = None) -> Target:
     """The frozen target of `[model]` (`target`, `target_layers`, `num_target_layers`) on
     `device` (default: `run.device`)."""

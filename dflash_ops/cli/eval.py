@@ -29,12 +29,14 @@ class Baseline(StrEnum):
 def eval_(
     ctx: typer.Context,
     prompts: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--prompts",
-            help="Prompt JSONL at the place (absolute; relative to here for a local target).",
+            metavar="PATH",
+            help="Prompt JSONL at the place (absolute; relative to here for a local target). "
+            "Default: eval.prompts of [train], else the demo's held-out prompts.",
         ),
-    ],
+    ] = None,
     checkpoint: CheckpointOption = None,
     max_new_tokens: Annotated[
         int | None, typer.Option("--max-new-tokens", min=1, help="Tokens to decode per prompt.")
@@ -74,8 +76,10 @@ def eval_(
 
     \b
     Examples:
+      dflash eval                                  # the demo: its held-out prompts
       dflash eval --prompts /data/heldout.jsonl
       dflash eval --prompts /data/heldout.jsonl --checkpoint step-00000300 --limit 16
+      dflash eval --checkpoint 20260102T030405.678Z  # a run a fresh deploy archived
       dflash eval --prompts /data/heldout.jsonl --max-new-tokens 128 --json
       dflash eval --prompts /data/heldout.jsonl --baseline none
     """

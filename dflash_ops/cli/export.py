@@ -48,6 +48,7 @@ def export(
     Examples:
       dflash export --to ./drafter
       dflash export --checkpoint step-00002000 --to ./drafter-2000 --dtype fp32
+      dflash export --checkpoint 20260102T030405.678Z --to ./drafter  # an archived run
       dflash export --to ./drafter --keep-remote
     """
     request = exporting.ExportRequest(

@@ -84,8 +84,10 @@ CheckpointOption = Annotated[
     str | None,
     typer.Option(
         "--checkpoint",
-        help="step-XXXXXXXX in the checkpoints folder, or an absolute path at the place "
-        "(default: the newest verified checkpoint).",
+        metavar="NAME",
+        help="step-XXXXXXXX in the checkpoints folder, an archived run's UTC time (its newest "
+        "verified checkpoint; dflash checkpoints lists them), or an absolute path at the place "
+        "(default: the newest verified checkpoint of the live folder).",
     ),
 ]
 

@@ -8,6 +8,7 @@ its stderr is read at the end (its last line is the one-line error of a failed r
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,17 +16,32 @@ from pathlib import Path
 from dflash_ops.commands.workspace import Workspace
 from dflash_ops.connect import shell
 from dflash_ops.connect.transport import StreamResult
-from dflash_ops.errors import EvaluationError
+from dflash_ops.errors import CheckpointPathError, DflashError, EvaluationError
+from dflash_ops.remote.checkpoints import ARCHIVE, RUN_PATTERN
 from dflash_ops.remote.launch import TRAIN_CONFIG, in_release
 
-# A bare checkpoint name (`step-00000300`, or a run folder's name) resolves inside the
-# checkpoints folder; anything with a slash must be an absolute path at the place.
-_BARE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+# A checkpoint named relative to the checkpoints folder: `step-00000300`, an archived run's UTC
+# time (`20260102T030405.678Z`, in `archive/`), `<time>/step-…`, `archive/<time>[/step-…]`.
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_RUN = re.compile(RUN_PATTERN)
+# Prints how folder $1 holds checkpoints: "missing", "ok" (a checkpoint, or a run folder with
+# one), else "empty" and one "run <name>" line per run in $2 (archive/) that holds one, oldest
+# first (the names sort by time).
+_FIND = r"""c=$1 archive=$2
+[ -d "$c" ] || { echo missing; exit 0; }
+[ -f "$c/manifest.json" ] && { echo ok; exit 0; }
+for m in "$c"/step-*/manifest.json; do [ -f "$m" ] && { echo ok; exit 0; }; done
+echo empty
+for m in "$archive"/*/step-*/manifest.json; do
+  [ -f "$m" ] || continue
+  r=${m%/step-*/manifest.json}; echo "run ${r##*/}"
+done
+"""
 
 
 @dataclass(frozen=True, kw_only=True)
 class EvalRequest:
-    prompts: str  # a JSONL path at the place
+    prompts: str | None = None  # a JSONL path at the place; None: the evaluator's default
     checkpoint: str | None = None  # None: the checkpoints folder (its newest verified one)
     max_new_tokens: int | None = None
     limit: int | None = None
@@ -35,13 +51,57 @@ class EvalRequest:
 
 
 def checkpoint_path(ws: Workspace, checkpoint: str | None) -> str:
-    """The checkpoint folder at the place that `checkpoint` names."""
+    """The checkpoint folder at the place that `checkpoint` names: the checkpoints folder by
+    default (its newest verified checkpoint), a name inside it (an archived run by its UTC time:
+    `archive/` is implied), or an absolute path at the place."""
     folder = ws.target.checkpoints
     if checkpoint is None:
         return folder
-    if _BARE_NAME.fullmatch(checkpoint) and checkpoint not in (".", ".."):
-        return f"{folder}/{checkpoint}"
-    return shell.remote_path(checkpoint)
+    if checkpoint.startswith("/"):
+        return shell.remote_path(checkpoint)
+    parts = checkpoint.split("/")
+    if not all(_NAME.fullmatch(part) and part not in (".", "..") for part in parts):
+        raise CheckpointPathError(
+            f"--checkpoint {checkpoint!r} is neither a name in {folder} nor an absolute path.",
+            hint="Pass step-XXXXXXXX, an archived run's UTC time (dflash checkpoints lists them), "
+            "or an absolute path at the place.",
+        )
+    if _RUN.fullmatch(parts[0]):
+        parts = [ARCHIVE, *parts]
+    return "/".join([folder, *parts])
+
+
+def require_checkpoint(
+    ws: Workspace, checkpoint: str | None, error: type[DflashError] = EvaluationError
+) -> str:
+    """The path `checkpoint` names, once the place shows it holds a checkpoint; else `error`
+    saying so, and — for a folder without any, such as the live one after a fresh deploy
+    archived the run that trained — which archived run holds one."""
+    path = checkpoint_path(ws, checkpoint)
+    archive = f"{ws.target.checkpoints}/{ARCHIVE}"
+    found = ws.place.run(["bash", "-c", _FIND, "dflash-find", path, archive], check=False)
+    said = found.stdout_text.split()
+    where = ws.target.describe()
+    if said[:1] == ["ok"]:
+        return path
+    if said[:1] == ["missing"] or found.exit_code != 0:
+        raise error(
+            f"The checkpoint {path} does not exist on {where}.",
+            hint="List them with: dflash checkpoints (a step-XXXXXXXX name, an archived run's "
+            "UTC time, or an absolute path).",
+        )
+    runs = [name for kind, name in zip(said[1::2], said[2::2], strict=False) if kind == "run"]
+    runs = [name for name in runs if _RUN.fullmatch(name)]
+    moved = " (a fresh deploy or restart --clean archives the run that trained)"
+    hint = (
+        f"Take the newest archived run's: --checkpoint {runs[-1]} (dflash checkpoints lists them)."
+        if runs
+        else "Train until a checkpoint is saved (dflash logs --follow), or pass --checkpoint."
+    )
+    raise error(
+        f"No checkpoint in {path} on {where}{moved if path == ws.target.checkpoints else ''}.",
+        hint=hint,
+    )
 
 
 def prompts_path(ws: Workspace, given: str) -> str:
@@ -62,8 +122,10 @@ def evaluator_argv(ws: Workspace, request: EvalRequest, *, checkpoint: str) -> l
     """`bash -c 'cd current; exec …' env K=V… python -m trainer.evaluate …` as one argv."""
     args = [
         ws.target.python, "-m", "trainer.evaluate", "--config", TRAIN_CONFIG,
-        "--checkpoint", checkpoint, "--prompts", request.prompts,
+        "--checkpoint", checkpoint,
     ]  # fmt: skip
+    if request.prompts is not None:
+        args += ["--prompts", request.prompts]
     if request.max_new_tokens is not None:
         args += ["--max-new-tokens", str(request.max_new_tokens)]
     if request.limit is not None:
@@ -87,26 +149,22 @@ def _require(ws: Workspace, test: str, path: str, what: str, hint: str) -> None:
 def start(ws: Workspace, request: EvalRequest) -> StreamResult:
     """Check what the evaluator needs, then start it; the caller drains the stream."""
     ws.releases().require_current()  # ReleaseError: "Deploy first"
-    prompts = prompts_path(ws, request.prompts)
-    checkpoint = checkpoint_path(ws, request.checkpoint)
-    _require(
-        ws, "-f", prompts, "The prompts file",
-        "Pass --prompts with a JSONL file at the place (the training formats).",
-    )  # fmt: skip
-    _require(
-        ws, "-d", checkpoint, "The checkpoint",
-        "List them with: dflash checkpoints (a step-XXXXXXXX name, or an absolute path).",
-    )  # fmt: skip
-    request = EvalRequest(
-        prompts=prompts,
-        checkpoint=checkpoint,
-        max_new_tokens=request.max_new_tokens,
-        limit=request.limit,
-        as_json=request.as_json,
-        baseline=request.baseline,
-        batch_tokens=request.batch_tokens,
-    )
+    prompts = None
+    if request.prompts is not None:
+        prompts = prompts_path(ws, request.prompts)
+        _require(
+            ws, "-f", prompts, "The prompts file",
+            "Pass --prompts with a JSONL file at the place (the training formats).",
+        )  # fmt: skip
+    checkpoint = require_checkpoint(ws, request.checkpoint, EvaluationError)
+    request = dataclasses.replace(request, prompts=prompts, checkpoint=checkpoint)
     return ws.place.stream(evaluator_argv(ws, request, checkpoint=checkpoint))
+
+
+FIX_HINT = (
+    "Fix what it names, then run again; dflash checkpoints lists the checkpoints and the "
+    "archived runs (--checkpoint step-XXXXXXXX, or an archived run's UTC time)."
+)
 
 
 def failure(ws: Workspace, stream: StreamResult) -> EvaluationError:
@@ -115,5 +173,5 @@ def failure(ws: Workspace, stream: StreamResult) -> EvaluationError:
     detail = text.splitlines()[-1] if text else "no error output"
     return EvaluationError(
         f"The evaluator failed on {ws.target.describe()} (exit {stream.exit_code}): {detail}",
-        hint="Fix what it names, then run again (python -m trainer.evaluate --help at the place).",
+        hint=FIX_HINT,
     )

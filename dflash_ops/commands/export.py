@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_ops.commands.eval import checkpoint_path
+from dflash_ops.commands.eval import FIX_HINT, require_checkpoint
 from dflash_ops.commands.workspace import Workspace
 from dflash_ops.connect.transport import StreamResult
 from dflash_ops.errors import ExportError
@@ -97,12 +97,7 @@ def start(ws: Workspace, request: ExportRequest) -> tuple[StreamResult, str | No
     if request.dtype not in DTYPES:
         raise ExportError(f"--dtype {request.dtype!r} is not one of {', '.join(DTYPES)}.")
     ws.releases().require_current()  # ReleaseError: "Deploy first"
-    checkpoint = checkpoint_path(ws, request.checkpoint)
-    if ws.place.run(["test", "-d", checkpoint], check=False).exit_code != 0:
-        raise ExportError(
-            f"The checkpoint {checkpoint} does not exist on {ws.target.describe()}.",
-            hint="List them with: dflash checkpoints (a step-XXXXXXXX name, or an absolute path).",
-        )
+    checkpoint = require_checkpoint(ws, request.checkpoint, ExportError)
     kept = None
     if request.keep_remote:
         kept = f"{ws.target.checkpoints}/exports/{remote_name(checkpoint)}"
@@ -182,5 +177,5 @@ def failure(stream: StreamResult) -> ExportError:
     detail = text.splitlines()[-1] if text else "no error output"
     return ExportError(
         f"The exporter failed (exit {stream.exit_code}): {detail}",
-        hint="Fix what it names, then run again (python -m trainer.export --help at the place).",
+        hint=FIX_HINT,
     )

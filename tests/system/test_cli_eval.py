@@ -216,3 +216,55 @@ def test_eval_of_an_archived_run_writes_nothing_into_archive(deployed: Deployed)
         assert pruned.returncode == 0 and (run / step.name).is_dir(), pruned.stderr
     finally:
         shutil.rmtree(deployed.checkpoints / "archive")
+
+
+def test_after_a_fresh_deploy_eval_and_export_name_the_archived_run(
+    deployed: Deployed, tmp_path: Path
+) -> None:
+    """The reported case: after a plain redeploy the checkpoints are archived, and eval and
+    export found none, pointing at `python -m trainer.export --help at the place`. They say
+    where the run went, and `--checkpoint <its UTC time>` takes it; the demo's held-out prompts
+    need no --prompts."""
+    project = tmp_path / "project"
+    local = project / ".dflash" / "local"
+    shutil.copytree(
+        deployed.checkpoints, local / "checkpoints", ignore=shutil.ignore_patterns("archive")
+    )
+    shutil.copytree(deployed.root / "demo-assets", local / "demo-assets")
+    shutil.copytree(
+        REPO / "trainer", project / "trainer", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    socket = f"dft-{uuid.uuid4().hex[:10]}"
+    write_config(project, socket, "")
+    text = (project / "deploy.toml").read_text()
+    (project / "deploy.toml").write_text(text.replace("[job]\n", '[job]\ncommand = "true"\n'))
+    try:
+        redeployed = dflash(project, "deploy")
+        assert redeployed.returncode == 0, redeployed.stderr
+        (stamp,) = [p.name for p in (local / "checkpoints" / "archive").iterdir()]
+        for args in (["eval"], ["export", "--to", str(tmp_path / "drafter")]):
+            result = dflash(project, *args)
+            assert result.returncode == 1, result.stderr
+            assert f"No checkpoint in {local / 'checkpoints'}" in result.stderr
+            assert "archives the run that trained" in result.stderr
+            assert f"hint: Take the newest archived run's: --checkpoint {stamp}" in result.stderr
+            assert "--help at the place" not in result.stderr
+
+        evaluated = dflash(
+            project, "eval", "--checkpoint", stamp, "--max-new-tokens", "8", "--limit", "3",
+            "--json",
+        )  # fmt: skip
+        assert evaluated.returncode == 0, evaluated.stderr
+        assert json.loads(evaluated.stdout)["prompts"] == 3  # the demo's held-out prompts
+        exported = dflash(project, "export", "--checkpoint", stamp, "--to", str(tmp_path / "d"))
+        assert exported.returncode == 0, exported.stderr
+        assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [
+            "config.json", "model.safetensors",
+        ]  # fmt: skip
+        step = sorted((local / "checkpoints" / "archive" / stamp).glob("step-*"))[0].name
+        named = dflash(project, "eval", "--checkpoint", f"{stamp}/{step}", "--limit", "1")
+        assert named.returncode == 0, named.stderr
+        assert f"evaluating step {int(step[5:])} on 1 prompts" in named.stdout
+        assert [p.name for p in (local / "checkpoints" / "archive").iterdir()] == [stamp]
+    finally:
+        kill_tmux_server(socket)

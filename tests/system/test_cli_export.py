@@ -149,10 +149,17 @@ def test_keep_remote_and_errors(place: Place, trained: Trained, tmp_path: Path) 
                      "--checkpoint", "step-99999999")  # fmt: skip
     assert missing.returncode == 1 and "dflash checkpoints" in missing.stderr
     assert not (tmp_path / "x").exists()
+    empty = dflash(place.project, "export", "--to", str(tmp_path / "y"),
+                   "--checkpoint", str(place.checkpoints / "exports"))  # fmt: skip
+    assert empty.returncode == 1 and "No checkpoint in" in empty.stderr
+    torn = place.checkpoints / "step-00000009"
+    shutil.copytree(place.checkpoints / "step-00000002", torn)
+    (torn / "state.pt").write_bytes((torn / "state.pt").read_bytes()[:-8])
     refused = dflash(place.project, "export", "--to", str(tmp_path / "y"),
-                     "--checkpoint", str(place.checkpoints / "exports"), timeout=180)  # fmt: skip
+                     "--checkpoint", torn.name, timeout=180)  # fmt: skip
     assert refused.returncode == 1 and "exporter failed (exit 2)" in refused.stderr
-    assert "no verified checkpoint" in refused.stderr and not (tmp_path / "y").exists()
+    assert "checksum mismatch" in refused.stderr and not (tmp_path / "y").exists()
+    assert "hint: Fix what it names" in refused.stderr and "--help" not in refused.stderr
     assert not list(tmp_path.glob(".*.tmp-*"))
 
 

@@ -16,7 +16,7 @@ import torch
 
 from trainer.config import DemoConfig, load_config, with_overrides
 from trainer.data import load_samples
-from trainer.demo import MARKER, ensure_demo_assets
+from trainer.demo import HELDOUT, HELDOUT_PROMPTS, MARKER, ensure_demo_assets
 from trainer.target import load_target
 from trainer.trainer import Trainer
 
@@ -48,6 +48,34 @@ def test_assets_are_the_targets_greedy_output_and_reused(tmp_path) -> None:
         DemoConfig(enabled=True, num_samples=3, num_layers=2, prompt_len=4, gen_len=10),
     )
     assert len(load_samples(other[1])) == 3  # other settings: rebuilt
+
+
+def test_held_out_prompts_are_the_targets_greedy_output_on_prompts_never_trained_on(
+    tmp_path,
+) -> None:
+    cfg = DemoConfig(enabled=True, num_samples=6, num_layers=2, prompt_len=4, gen_len=10)
+    target_dir, data_path = ensure_demo_assets(tmp_path / "a", cfg)
+    heldout = tmp_path / "a" / HELDOUT
+    held = load_samples(heldout)
+    assert len(held) == HELDOUT_PROMPTS and all(
+        s.loss_mask == [False] * 4 + [True] * 10 for s in held
+    )
+    trained = {tuple(s.input_ids[:4]) for s in load_samples(data_path)}
+    assert not trained & {tuple(s.input_ids[:4]) for s in held}
+    target = load_target(target_dir)
+    ids = torch.tensor([s.input_ids for s in held])
+    with torch.no_grad():
+        logits = target.model(input_ids=ids).logits
+    assert torch.equal(logits[:, 3:-1].argmax(-1), ids[:, 4:])
+    # assets built before the held-out prompts get them, the rest untouched
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "a").rglob("*") if p.is_file()}
+    heldout.unlink()
+    ensure_demo_assets(tmp_path / "a", cfg)
+    assert load_samples(heldout) == held
+    after = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "a").rglob("*") if p.is_file()}
+    assert {k: v for k, v in after.items() if k != HELDOUT} == {
+        k: v for k, v in before.items() if k != HELDOUT
+    }
 
 
 def test_demo_config_first_steps_match_golden(tmp_path) -> None:
