@@ -13,7 +13,7 @@ from dflash_ops.cli.options import (
     TargetChoice,
     with_target,
 )
-from dflash_ops.commands import operations
+from dflash_ops.commands import gpus, operations
 
 app = typer.Typer()
 
@@ -71,10 +71,15 @@ def deploy(
             say=output.info,
             warn=output.warn,
         )
+        idle = gpus.unused(ws.place, ws.config.job)
     if report.removed:
         output.info(f"Removed old releases: {', '.join(report.removed)}")
     output.success(
         f"Deployed {report.release} to {ws.target.describe()}; job {report.started.session!r} "
         f"{'running' if report.started.running else 'exited already'}."
     )
+    if idle:
+        warning, fix = gpus.unused_words(idle, ws.target.describe(), str(ws.config.path))
+        output.warn(warning)
+        output.hint(fix)
     output.info(f"Follow it with: {command(ctx, 'logs', '--follow')}")

@@ -44,8 +44,9 @@ def doctor_command(
     """Check the target before a run: SSH, container, tmux, python, torch, CUDA and the GPU
     count, the checkpoints folder, the target model, and a GPU smoke test at the place.
 
-    Each line is passed, failed (with the fix to apply) or skipped (an earlier check it needs
-    failed). The exit code is 0 only when every check passes.
+    Each line is passed, failed (with the fix to apply), skipped (an earlier check it needs
+    failed), or passed with a warning and its fix (e.g. GPUs at the place that a job of
+    [job] gpus = 0 leaves idle). The exit code is 0 only when every check passes.
 
     \b
     Examples:
@@ -77,7 +78,11 @@ def doctor_command(
             }
             print(json.dumps(report))
         elif ok:
-            output.success(f"All {len(checks)} checks passed.")
+            warned = sum(1 for c in checks if c.warning)
+            output.success(
+                f"All {len(checks)} checks passed"
+                + (f"; {output.plural(warned, 'warning')} above." if warned else ".")
+            )
         else:
             bad = sum(1 for c in checks if not c.ok and not c.skipped)
             output.info(
@@ -90,7 +95,12 @@ def doctor_command(
 
 def _print_check(check: doctor.Check) -> None:
     say = output.out.print
-    if check.ok:
+    if check.warning:
+        say(
+            f"[bold yellow]![/bold yellow] {escape(check.name)}: [yellow]{escape(check.detail)}[/yellow]"
+        )
+        say(f"    [cyan]fix:[/cyan] {escape(check.fix)}")
+    elif check.ok:
         say(f"[green]✓[/green] {escape(check.name)}: {escape(check.detail)}")
     elif check.skipped:
         say(f"[yellow]-[/yellow] {escape(check.name)}: {escape(check.detail)}")

@@ -105,11 +105,19 @@ def init_command(
         )
     init_lib.write(path, init_lib.render(plan), force=force)
     split = default_target_gpus(gpus.count)
+    counted = output.plural(gpus.count, "GPU") if gpus.counted else "GPUs NOT COUNTED (gpus = 0)"
     output.success(
-        f"Wrote {path}: {place_kind} place, {gpus.count} GPU(s)"
+        f"Wrote {path}: {place_kind} place, {counted}"
         + (f", {split} for the target model" if split else "")
         + "."
     )
+    if not gpus.counted:
+        output.warn(
+            f"The GPUs of {target.describe()} were not counted ({gpus.note}): [job] gpus = 0 "
+            f"makes the job train on the CPU. Set gpus under [job] in {path} to the GPUs "
+            f"there, or run {command(ctx, 'init', '--force', *_place_args(host, user, port, ct))} "
+            "again once the place answers."
+        )
     if model is not None and data is None:
         output.warn(
             f'data.path is not set: add path = "/data/train.jsonl" under [train.data] in {path} '
@@ -127,7 +135,15 @@ def _gpus(target: Target, *, accept_new_host_key: bool) -> init_lib.GpuInfo:
     except DflashError as exc:
         output.warn(f"Could not read the GPU count from {target.describe()}: {exc}")
         if exc.hint:
-            output.info(f"hint: {exc.hint}")
-        return init_lib.GpuInfo(count=0, note=f"could not ask {target.describe()}")
+            output.hint(exc.hint)
+        return init_lib.GpuInfo(count=0, note="the place did not answer", counted=False)
     finally:
         place.close()
+
+
+def _place_args(host: str | None, user: str | None, port: int | None, ct: int | None) -> list[str]:
+    """The place flags as given, to repeat them in a hint."""
+    named = {"--host": host, "--user": user, "--port": port, "--ct": ct}
+    return [
+        word for flag, value in named.items() if value is not None for word in (flag, str(value))
+    ]

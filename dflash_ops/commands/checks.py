@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_ops.commands import gpus
 from dflash_ops.commands.workspace import Workspace
 from dflash_ops.connect import shell
 from dflash_ops.connect.place import Place
@@ -25,7 +26,7 @@ from dflash_ops.settings.job_config import JobConfig
 MIN_TORCH = (2, 6)
 DEFAULT_MIN_FREE_GIB = 10.0
 PROBE_TIMEOUT = 120.0
-_PASSED, _FAILED, _SKIPPED = "passed", "failed", "skipped"
+_PASSED, _FAILED, _SKIPPED, _WARNING = "passed", "failed", "skipped", "warning"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,9 +38,12 @@ class Check:
     detail: str
     fix: str = ""
     skipped: bool = False
+    warning: bool = False  # passed, but something the user should act on (`fix` says what)
 
     @property
     def status(self) -> str:
+        if self.warning:
+            return _WARNING
         return _SKIPPED if self.skipped else _PASSED if self.ok else _FAILED
 
     def to_json(self) -> dict[str, Any]:
@@ -74,6 +78,12 @@ class Setup:
     train: Mapping[str, Any] = field(default_factory=dict)
     project_dir: Path | None = None  # where trainer/ is taken from for the smoke test
     min_free_gib: float = DEFAULT_MIN_FREE_GIB
+    config: Path | None = None  # the deploy.toml the settings came from (named in fixes)
+
+    @property
+    def config_file(self) -> str:
+        """The file a fix names: the config the settings came from."""
+        return str(self.config) if self.config is not None else "deploy.toml"
 
     @classmethod
     def of(cls, ws: Workspace, *, min_free_gib: float = DEFAULT_MIN_FREE_GIB) -> Setup:
@@ -84,6 +94,7 @@ class Setup:
             train=ws.config.train,
             project_dir=ws.config.project_dir,
             min_free_gib=min_free_gib,
+            config=ws.config.path,
         )
 
 
@@ -254,6 +265,10 @@ def check_cuda(setup: Setup, place: Place, found: Findings) -> Check:
 
 def check_gpu_count(setup: Setup, place: Place, found: Findings) -> Check:
     want, have = setup.job.gpus, int(found.python.get("gpus", 0))
+    idle = gpus.unused(place, setup.job, torch_sees=have)
+    if idle:
+        detail, fix = gpus.unused_words(idle, place.description, setup.config_file)
+        return Check(name="gpu count", ok=True, detail=detail, fix=fix, warning=True)
     if have >= want:
         return passed("gpu count", f"{have} visible, [job] gpus = {want}")
     return failed(

@@ -20,6 +20,8 @@ from typing import Any
 
 from dflash_ops.connect.place import Place
 from dflash_ops.errors import CommandTimedOut
+from dflash_ops.settings.job_config import JobConfig
+from trainer.split_rule import default_target_gpus
 
 QUERY = "index,utilization.gpu,memory.used,memory.total"
 SMI_ARGV = ("nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits")
@@ -82,6 +84,28 @@ def read(place: Place, env: Mapping[str, str]) -> tuple[list[GpuReading] | None,
     except ValueError as exc:
         return None, f"nvidia-smi printed something else: {exc}"
     return readings, None
+
+
+def unused(place: Place, job: JobConfig, *, torch_sees: int = 0) -> int:
+    """How many GPUs the place has that a `[job] gpus = 0` job leaves idle (0 when the job
+    uses GPUs, or its `[job] env` hides them on purpose with an empty CUDA_VISIBLE_DEVICES):
+    `nvidia-smi` there, or what the job's torch sees (`torch_sees`), whichever says more."""
+    if job.gpus > 0 or job.env.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return 0
+    readings, _ = read(place, job.env)
+    return max(len(readings or []), torch_sees)
+
+
+def unused_words(count: int, where: str, config: str) -> tuple[str, str]:
+    """The warning about `count` idle GPUs at `where`, and its fix naming the file `config`."""
+    split = default_target_gpus(count)
+    target = f" and target_gpus = {split}" if split else ""
+    return (
+        f"{where} has {count} GPU{'s' if count != 1 else ''}, but [job] gpus = 0: the job "
+        "trains on the CPU.",
+        f"Set gpus = {count}{target} under [job] in {config} and deploy again; to train on "
+        'the CPU on purpose, set CUDA_VISIBLE_DEVICES = "" in [job] env.',
+    )
 
 
 def visible_devices(env: Mapping[str, str]) -> list[int] | None:

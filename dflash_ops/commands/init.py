@@ -28,6 +28,7 @@ class GpuInfo:
     count: int
     names: tuple[str, ...] = ()
     note: str = ""  # why the count is 0 or unknown
+    counted: bool = True  # False: the place could not be asked, or nvidia-smi failed there
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +57,7 @@ def count_gpus(place: Place) -> GpuInfo:
             result.stderr_text.strip().splitlines()[-1:]
             or result.stdout_text.strip().splitlines()[-1:]
         )
-        return GpuInfo(count=0, note=f"nvidia-smi failed: {(last or ['?'])[0]}")
+        return GpuInfo(count=0, note=f"nvidia-smi failed: {(last or ['?'])[0]}", counted=False)
     names = tuple(line.strip() for line in result.stdout_text.splitlines() if line.strip())
     return GpuInfo(count=len(names), names=names)
 
@@ -116,7 +117,7 @@ def render(plan: InitPlan) -> str:
         _line('session = "dflash"', "tmux session name"),
         _line('log = "train_stdout.log"', "relative to checkpoints"),
         'env = { PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True" }',
-        _line(f"gpus = {g.count}", f"found at the place: {found}"),
+        *_gpus_lines(g, found),
     ]
     if target_gpus:
         rest = g.count - target_gpus
@@ -160,6 +161,18 @@ def render(plan: InitPlan) -> str:
 
 
 _DATA_COMMENT = "chat, text or tokenized JSONL at the place"
+
+
+def _gpus_lines(g: GpuInfo, found: str) -> list[str]:
+    """`gpus = N` with what was found; when nothing could be counted, said above it in capitals
+    (0 is then a guess that makes the job train on the CPU)."""
+    if g.counted:
+        return [_line(f"gpus = {g.count}", f"found at the place: {found}")]
+    return [
+        f"# GPUS NOT COUNTED: {g.note}. 0 trains on the CPU: set the GPUs the place has",
+        "# (dflash doctor counts them; deploy warns while gpus = 0 leaves GPUs idle).",
+        _line("gpus = 0", "NOT COUNTED"),
+    ]
 
 
 def check_target_file(path: Path, *, force: bool = False) -> None:

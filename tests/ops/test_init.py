@@ -121,8 +121,30 @@ def test_unreachable_place_still_writes_with_a_warning(ssh_home, tmp_path):
     assert (
         "Could not read the GPU count" in result.stderr and "--accept-new-host-key" in result.stderr
     )
+    assert "GPUs NOT COUNTED (gpus = 0)" in result.stderr
+    assert "The GPUs of unknownbox were not counted (the place did not answer)" in result.stderr
+    assert "dflash init --force --host unknownbox" in result.stderr
     config, target = loaded(tmp_path / "deploy.toml")
     assert target.host == "unknownbox" and config.job.gpus == 0
+    text = (tmp_path / "deploy.toml").read_text()
+    assert "# GPUS NOT COUNTED: the place did not answer." in text
+
+
+def test_a_driver_that_does_not_answer_is_not_a_count(tmp_path):
+    folder = tmp_path / "smi"
+    folder.mkdir()
+    standin = REPO / "tests" / "fixtures" / "nvidia_smi_standin" / "nvidia-smi"
+    (folder / "nvidia-smi").write_bytes(standin.read_bytes())
+    (folder / "nvidia-smi").chmod(0o755)
+    (folder / "driver-down").touch()
+    env = dict(os.environ, PATH=f"{folder}{os.pathsep}{os.environ['PATH']}")
+    result = dflash(tmp_path, "init", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "GPUs NOT COUNTED" in result.stderr and "nvidia-smi failed: NVIDIA-SMI has failed" in (
+        result.stderr
+    )
+    text = (tmp_path / "deploy.toml").read_text()
+    assert "# GPUS NOT COUNTED: nvidia-smi failed" in text and "gpus = 0" in text
 
 
 @given(st.integers(min_value=2, max_value=512))

@@ -194,3 +194,26 @@ def test_other_nodes_ranks_are_not_this_nodes_gpus(tmp_path: Path) -> None:
     rows = gpus.table(gpus.parse("0, 1, 1, 2\n"), row, env={}, host=here)
     assert (rows[0]["role"], rows[0]["ranks"], rows[0]["mem_gib"]) == ("target", [0], 10.0)
     assert row["ranks"][0]["mem_gib"] == 10.0 and GIB > 0
+
+
+def test_a_cpu_job_on_a_place_with_gpus_is_warned_about(where: GpuPlace) -> None:
+    """`[job] gpus = 0` (what `init` writes when it cannot count) on a place with four GPUs:
+    deploy and doctor say so, with the fix; an empty CUDA_VISIBLE_DEVICES says it is meant."""
+    where.config("sleep 600", env=smi_env(where))
+    deployed = where.run("deploy", *where.flags)
+    assert deployed.returncode == 0, deployed.stderr
+    config = where.project / "deploy.toml"
+    assert "has 4 GPUs, but [job] gpus = 0: the job trains on the CPU." in deployed.stderr
+    assert f"hint: Set gpus = 4 and target_gpus = 2 under [job] in {config}" in deployed.stderr
+    if where.kind == "local":  # the job's python has torch here
+        doctor = where.run("doctor", "--no-gpu-smoke", "--json")
+        assert doctor.returncode == 0, doctor.stdout
+        (check,) = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "gpu count"]
+        assert check["status"] == "warning" and check["ok"]
+        assert "has 4 GPUs, but [job] gpus = 0" in check["detail"]
+        human = where.run("doctor", "--no-gpu-smoke")
+        assert "! gpu count:" in human.stdout and "1 warning above" in human.stderr
+
+    where.config("sleep 600", env=smi_env(where, CUDA_VISIBLE_DEVICES=""))
+    meant = where.run("deploy", *where.flags)
+    assert meant.returncode == 0 and "GPUs, but" not in meant.stderr, meant.stderr
