@@ -2,16 +2,22 @@
 missing config names `dflash init`, `--ct` without `--host` names the node for the command at
 hand, invalid TOML points at its syntax, `--port` on a local target asks for a host, a removed
 remembered target can be left with `--target default`, `logs --follow` before any deploy is an
-`error:`/`hint:` pair, and `--show-completion zsh` prints zsh's script."""
+`error:`/`hint:` pair, `--show-completion zsh` prints zsh's script, and a Ctrl-C while the
+command starts is one line and exit code 130."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import dflash
+from tests.cli_helpers import REPO, default_sigint, dflash
 
 
 def project(tmp_path: Path, text: str = "") -> Path:
@@ -88,3 +94,28 @@ def test_show_completion_prints_the_named_shells_script(tmp_path: Path, shell, m
         result = dflash(tmp_path, *args)
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(marker)
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line_and_130(tmp_path: Path) -> None:
+    """The command's imports take a moment: a Ctrl-C then is no traceback through the importer.
+    Signals are sent past the interpreter's own start (measured here), at several moments."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import dflash_ops"], env=env, check=True)
+    bare = time.monotonic() - started  # the interpreter alone, as loaded as this machine is
+    interrupted = 0
+    for extra in (0.05, 0.15, 0.3, 0.5):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dflash_ops", "status"], cwd=tmp_path, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
+        )  # fmt: skip
+        time.sleep(bare + extra)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        if proc.returncode == 130:
+            interrupted += 1
+            assert err == "Interrupted.\n"
+        else:  # it was done already: the missing config, said as ever
+            assert proc.returncode == 1 and "No config file" in err, err
+    assert interrupted
