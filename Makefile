@@ -1,12 +1,16 @@
-# `make run`: set up .venv and train the tiny demo drafter on this machine, in tmux, then follow its log.
+# `make run`: set up .venv (and tmux) and train the tiny demo drafter on this machine, in tmux, then
+# follow its log; Ctrl-C detaches (the job keeps running) and ends `make run` without an error.
 # `make test`: set up .venv (and the system tools the tests use), ruff, mypy, and the whole suite.
 # `make lint`: ruff (lint and format), mypy, and shellcheck on the bash sent to places.
+# bash runs the recipes: a command that handles Ctrl-C and exits is then not taken for the recipe's
+# own interruption (dash ends itself with the signal).
+SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint setup system-deps gpu-test bench clean
+.PHONY: run test lint setup system-deps run-deps gpu-test bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,11 +22,14 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 system-deps:
-	scripts/install-system-deps.sh
+	scripts/install-system-deps.sh test
 
-run: setup system-deps
+run-deps:
+	scripts/install-system-deps.sh run
+
+run: setup run-deps
 	$(BIN)/dflash deploy
-	$(BIN)/dflash logs --follow
+	$(BIN)/dflash logs --follow || [ $$? -eq 130 ]  # 130: detached with Ctrl-C, the job runs on
 
 test: setup system-deps
 	$(BIN)/ruff check .

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,12 +25,38 @@ class Globals:
 
 def command(ctx: typer.Context, *args: str) -> str:
     """`dflash ARGS…` as the user should type it next: with `--config FILE` when this command
-    was given one (a hint without it would act on another deploy.toml)."""
+    was given one (a hint without it would act on another deploy.toml), and as `program` names
+    the command."""
     from dflash_ops.connect.shell import quote_argv
 
     root = ctx.find_object(Globals) or Globals()
     config = ["--config", str(root.config)] if root.config is not None else []
-    return quote_argv(["dflash", *config, *args])
+    return quote_argv([program(), *config, *args])
+
+
+def program() -> str:
+    """How the user can run this command again: `dflash` when that name on PATH is this very
+    script, else the script's path (`.venv/bin/dflash` after `make run`, whose venv is not
+    activated). Run as `python -m dflash_ops`, it is the command's name, `dflash`."""
+    script = Path(sys.argv[0])
+    if script.name != "dflash":
+        return "dflash"
+    found = shutil.which("dflash")
+    if found is not None and Path(found).resolve() == script.resolve():
+        return "dflash"
+    try:
+        return f"./{script.resolve().relative_to(Path.cwd().resolve())}"
+    except ValueError:
+        return str(script.resolve())
+
+
+def not_on_path() -> str | None:
+    """When `dflash` is not on PATH (`program` is a path): how to put it there."""
+    name = program()
+    if name == "dflash":
+        return None
+    activate = Path(name).with_name("activate")
+    return f"dflash is not on your PATH: `source {activate}` puts it there for this shell."
 
 
 @contextmanager

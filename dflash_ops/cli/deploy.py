@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from dflash_ops.cli import output
-from dflash_ops.cli.context import command, shared_root_notice, workspace
+from dflash_ops.cli.context import command, not_on_path, shared_root_notice, workspace
 from dflash_ops.cli.options import (
     ForceOption,
     TargetChoice,
@@ -83,3 +83,5 @@ def deploy(
         output.warn(warning)
         output.hint(fix)
     output.info(f"Follow it with: {command(ctx, 'logs', '--follow')}")
+    if (advice := not_on_path()) is not None:
+        output.info(advice)
