@@ -7,7 +7,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.console import RenderableType
+from rich.progress import (
+    DownloadColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+from rich.text import Text
 
 from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
@@ -60,12 +71,16 @@ def export(
             stream, kept = exporting.start(ws, request)
             output.info(f"Exporting on {ws.target.describe()} …")
             started = time.monotonic()
+            first = None  # when the first bytes came: the export at the place is done by then
             with _progress() as bar:
-                task = bar.add_task("receiving", total=None)
+                task = bar.add_task("exporting at the place …", total=None)
                 received = 0
 
                 def on_bytes(n: int) -> None:
-                    nonlocal received
+                    nonlocal received, first
+                    if first is None:
+                        first = time.monotonic()
+                        bar.update(task, description="receiving")
                     received += n
                     bar.update(task, completed=received)
 
@@ -76,20 +91,36 @@ def export(
     finally:
         if tmp.exists():
             exporting.discard(tmp)
-    seconds = max(time.monotonic() - started, 1e-9)
+    done = time.monotonic()
+    first = done if first is None else first
+    moving = max(done - first, 1e-9)
     output.success(
-        f"Exported to {folder} ({received / 1e6:.1f} MB in {seconds:.1f} s, "
-        f"{received / 1e6 / seconds:.1f} MB/s)"
+        f"Exported to {folder}: {first - started:.1f} s at the place, then "
+        f"{output.size(received)} in {moving:.1f} s ({received / 1e6 / moving:.1f} MB/s)"
     )
     if kept is not None:
         output.info(f"A copy stays at the place: {kept}")
 
 
+class _Flowing(ProgressColumn):
+    """`inner` once bytes flow; nothing before: while the exporter runs at the place there is
+    no size and no speed to show (not `0/? bytes` and `0.0 MB/s`)."""
+
+    def __init__(self, inner: ProgressColumn) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def render(self, task: Task) -> RenderableType:
+        return self.inner.render(task) if task.completed else Text("")
+
+
 def _progress() -> Progress:
     return Progress(
+        SpinnerColumn(),
         TextColumn("{task.description}"),
-        DownloadColumn(),
-        TransferSpeedColumn(),
+        _Flowing(DownloadColumn()),
+        _Flowing(TransferSpeedColumn()),
+        TimeElapsedColumn(),
         console=output.err,
         transient=True,
         disable=not output.err.is_terminal,

@@ -10,7 +10,14 @@ import typer
 
 from dflash_ops.cli import output
 from dflash_ops.cli.context import Globals, command
-from dflash_ops.cli.options import AcceptKeyOption, CtOption, HostOption, PortOption, UserOption
+from dflash_ops.cli.options import (
+    AcceptKeyOption,
+    CtOption,
+    HostOption,
+    PortOption,
+    UserOption,
+    check_ct,
+)
 from dflash_ops.commands import init as init_lib
 from dflash_ops.commands.workspace import open_place
 from dflash_ops.errors import ConfigError, DflashError
@@ -65,6 +72,7 @@ def init_command(
     root = ctx.find_object(Globals) or Globals()
     path = (root.config or Path(DEFAULT_CONFIG_NAME)).expanduser().absolute()
     init_lib.check_target_file(path, force=force)  # before connecting anywhere
+    check_ct(ct)
     if ct is not None and host is None:
         raise ConfigError(
             "--ct needs --host: the container lives on a Proxmox node.",

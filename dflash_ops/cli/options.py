@@ -16,6 +16,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from dflash_ops.connect.shell import CONTAINER_IDS
+from dflash_ops.errors import ConfigError
 from dflash_ops.settings.deploy_config import TargetFlags
 
 _TARGET = "Target (default: the last deployed from this folder, else [target])"
@@ -58,7 +60,9 @@ CtOption = Annotated[
     int | None,
     typer.Option(
         "--ct",
-        help="Proxmox container id on --host; makes the place proxmox (pct exec).",
+        metavar="CT",
+        help=f"Proxmox container id on --host, {CONTAINER_IDS[0]}-{CONTAINER_IDS[1]} (pct list "
+        "there shows them); makes the place proxmox (pct exec).",
         rich_help_panel=_TARGET,
     ),
 ]
@@ -139,6 +143,7 @@ def with_target(command: Callable[..., R]) -> Callable[..., R]:
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> R:
         given = {p.name: kwargs.pop(p.name, p.default) for p in _TARGET_FLAGS}
+        check_ct(given["ct"])
         accept = given.pop("accept_new_host_key")
         choice = TargetChoice(flags=TargetFlags(**given), accept_new_host_key=accept)
         return command(*args, where=choice, **kwargs)
@@ -150,3 +155,13 @@ def with_target(command: Callable[..., R]) -> Callable[..., R]:
     wrapper.__annotations__ = annotations
     wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     return wrapper
+
+
+def check_ct(ct: int | None) -> None:
+    """`--ct` must be a Proxmox container id: said about the flag, before anything else."""
+    low, high = CONTAINER_IDS
+    if ct is not None and not low <= ct <= high:
+        raise ConfigError(
+            f"--ct {ct} is not a container id: Proxmox numbers containers {low} to {high}.",
+            hint="Pass the id that pct list shows on the Proxmox node, e.g. --ct 200.",
+        )

@@ -18,6 +18,7 @@ from dflash_ops.commands import gpus
 from dflash_ops.commands.workspace import Workspace
 from dflash_ops.connect import shell
 from dflash_ops.connect.place import Place
+from dflash_ops.connect.ssh_config import SSHTarget, by_hand
 from dflash_ops.connect.transport import Result
 from dflash_ops.errors import DflashError
 from dflash_ops.settings.deploy_config import Target
@@ -113,11 +114,13 @@ def check_reachable(setup: Setup, place: Place, _: Findings) -> Check:
     name = "ssh"
     result = place.transport.run(["true"], timeout=PROBE_TIMEOUT)
     if result.exit_code != 0:
+        fix = "Check the login shell of that user: ssh <host> true must succeed."
+        target = getattr(place.transport, "target", None)
         return failed(
             name,
             f"`true` exited {result.exit_code} on {place.transport.description}: "
             f"{result.stderr_text.strip()[-200:]}",
-            "Check the login shell of that user: ssh <host> true must succeed.",
+            by_hand(fix, target) if isinstance(target, SSHTarget) else fix,
         )
     return passed(name, f"{place.transport.description} reachable, host key known")
 

@@ -36,18 +36,29 @@ def check_argv(setup: Setup) -> list[str]:
     return job_argv(setup, [setup.target.python, "-m", "trainer.check", "--config", TRAIN_CONFIG])
 
 
-def invalid(where: str, code: int, lines: Sequence[str]) -> TrainConfigInvalid:
-    """The error of a failed check from its output: each problem (key, file) and each fix."""
+def invalid(
+    where: str, code: int, lines: Sequence[str], *, config: Path | str = "deploy.toml"
+) -> TrainConfigInvalid:
+    """The error of a failed check from its output: each problem (key, file) and each fix, in
+    the words of `config`, the file whose `[train]` table it checked (the trainer's own hints
+    speak of its command line: `--set KEY=VALUE` is not an option of dflash)."""
     problems = [_unprefix(line, "error: ") for line in lines if line.startswith("error: ")]
-    hints = [_unprefix(line, "hint: ") for line in lines if line.startswith("hint: ")]
+    hints = [_fix(_unprefix(line, "hint: "), config) for line in lines if line.startswith("hint: ")]
     if not problems:  # it crashed: the last lines say why
         problems = [line for line in lines if line.strip()][-3:] or [f"exit {code}"]
     message = f"[train] fails the trainer's check at {where}; nothing there changed:\n  " + (
         "\n  ".join(problems)
     )
-    return TrainConfigInvalid(
-        message, hint=" ".join([*dict.fromkeys(hints), TrainConfigInvalid.hint])
-    )
+    last = f"Fix [train] in {config}, then run dflash doctor (it runs the same check)."
+    return TrainConfigInvalid(message, hint=" ".join([*dict.fromkeys(hints), last]))
+
+
+def _fix(hint: str, config: Path | str) -> str:
+    """A trainer hint as dflash's user acts on it: the key is changed in `[train]` of `config`
+    (the trainer's `--set KEY=VALUE` is its own command line's)."""
+    if "--set" in hint:
+        return f"Change that key under [train] in {config}."
+    return hint
 
 
 def _unprefix(line: str, prefix: str) -> str:
@@ -81,7 +92,7 @@ def check_train_config(setup: Setup, place: Place, _: Findings) -> Check:
     )
     lines = (result.stdout_text + result.stderr_text).splitlines()
     if result.exit_code != 0:
-        error = invalid(place.description, result.exit_code, lines)
+        error = invalid(place.description, result.exit_code, lines, config=setup.config_file)
         return failed(
             NAME, str(error.args[0]).split(":\n  ", 1)[-1].replace("\n  ", "; "), error.hint
         )

@@ -25,7 +25,7 @@ _PLAIN_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 _SESSION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CONTAINER_ID = re.compile(r"[0-9]+")
-_CONTAINER_ID_RANGE = (100, 999_999_999)  # Proxmox's pve-vmid range
+CONTAINER_IDS = (100, 999_999_999)  # Proxmox's pve-vmid range
 
 
 def _refuse(role: str, value: object, why: str) -> UnsafeValue:
@@ -98,7 +98,7 @@ def container_id(value: int | str) -> int:
         ct = int(value)
     else:
         raise _refuse("container id", value, "it must be a whole number such as 200")
-    low, high = _CONTAINER_ID_RANGE
+    low, high = CONTAINER_IDS
     if not low <= ct <= high:
         raise _refuse("container id", value, f"it must be between {low} and {high}")
     return ct

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dflash_ops.connect import ssh_config_parser, ssh_names, ssh_tokens
+from dflash_ops.connect.shell import quote_argv
 from dflash_ops.errors import ConfigError
 
 DEFAULT_PORT = 22
@@ -318,3 +319,22 @@ def _target(alias: str, values: dict[str, list[str]]) -> SSHTarget:
         hash_known_hosts=one("hashknownhosts", "no") == "yes",
         connect_timeout=float(timeout) if timeout.isdigit() else 10.0,
     )
+
+
+def try_command(target: SSHTarget, *, verbose: bool = False) -> str:
+    """The `ssh` command that tries the same destination by hand, its port and user kept (a
+    hint without `-p` would try port 22, and another account)."""
+    argv = ["ssh", *(["-v"] if verbose else []), "-p", str(target.port)]
+    return quote_argv([*argv, f"{target.user}@{target.alias}", "true"])
+
+
+# The placeholders of the connection errors' hints (errors.py), and what stands for them.
+_BY_HAND = (("ssh -v <user>@<host> true", True), ("ssh -v <host> true", True),
+            ("ssh <host> true", False))  # fmt: skip
+
+
+def by_hand(hint: str, target: SSHTarget) -> str:
+    """`hint` with its `ssh … <host> true` placeholder replaced by the real command."""
+    for placeholder, verbose in _BY_HAND:
+        hint = hint.replace(placeholder, try_command(target, verbose=verbose))
+    return hint

@@ -26,6 +26,7 @@ import logging
 import os
 import shlex
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +34,7 @@ from typing import Any
 import paramiko
 
 from dflash_ops.connect import known_hosts
-from dflash_ops.connect.ssh_config import SSHTarget
+from dflash_ops.connect.ssh_config import SSHTarget, by_hand
 from dflash_ops.errors import (
     AuthenticationFailed,
     ConnectionDropped,
@@ -170,13 +171,25 @@ class _Watched:
         self._sock = sock
         self.received = 0
         self.head = b""
+        self.peer_closed = False  # the peer closed or reset its side
+        self.opened = time.monotonic()
 
     def recv(self, size: int) -> bytes:
-        data: bytes = self._sock.recv(size)
+        try:
+            data: bytes = self._sock.recv(size)
+        except ConnectionError:
+            self.peer_closed = True
+            raise
         self.received += len(data)
+        self.peer_closed = self.peer_closed or (size > 0 and not data)
         if len(self.head) < self.HEAD:
             self.head += data[: self.HEAD - len(self.head)]
         return data
+
+    def silent_for(self, seconds: float) -> bool:
+        """The peer took the connection and, for `seconds`, neither spoke nor closed it."""
+        waited = time.monotonic() - self.opened
+        return not self.received and not self.peer_closed and waited >= seconds
 
     @property
     def spoke_ssh(self) -> bool:
@@ -239,7 +252,9 @@ def connect(target: SSHTarget, *, accept_new_host_key: bool = False) -> Connecti
             _HostKeyPolicy(target, entries, accept_new=accept_new_host_key)
         )
         _open(client, target, sock, known_hosts.known_types(entries, target.known_hosts_name))
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, ConnectionFailed):
+            exc.hint = by_hand(exc.hint, target)
         client.close()
         if sock is not None:  # a ProxyCommand process ends with it
             with contextlib.suppress(Exception):
@@ -358,6 +373,14 @@ def _failure(
         return ConnectionFailed(f"Cannot connect to {where}: timed out ({reason})")
     if "protocol banner" in reason and received and not (sock.spoke_ssh and _peer_closed(reason)):
         return NotAnSSHServer(f"{where} answered, but not as an SSH server ({reason})")
+    if sock.silent_for(0.9 * target.connect_timeout):  # paramiko's banner wait ran out
+        return ConnectionFailed(
+            f"{where} accepted the connection but did not answer: no SSH banner within "
+            f"{target.connect_timeout:g} s",
+            hint="Something holds that port without speaking (a hung sshd, a firewall or "
+            "another service): check the port (--port, Port in ~/.ssh/config), then try it by "
+            "hand: ssh -v <host> true",
+        )
     if (
         "protocol banner" in reason
         or isinstance(exc, EOFError | ConnectionError)

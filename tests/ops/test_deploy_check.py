@@ -173,5 +173,22 @@ def test_doctor_runs_the_same_check_at_the_place(
     assert (
         not bad["ok"] and f"data.path: {tmp_path / 'missing.jsonl'} does not exist" in bad["detail"]
     )
-    assert "Fix [train] in deploy.toml" in bad["fix"]
+    assert f"Fix [train] in {where.project / 'deploy.toml'}" in bad["fix"]
     assert not list((where.root / "doctor").iterdir())  # the scratch folder is gone
+
+
+def test_the_fix_names_the_config_file_and_no_trainer_option(target: Path, tmp_path: Path) -> None:
+    """The trainer's own hint speaks of its command line (`--set KEY=VALUE`): dflash has no
+    such option, so the fix says where the key is, in the file the settings came from."""
+    project = tmp_path / "project"
+    project.mkdir()
+    where = Where("local", project, [], project / ".dflash" / "local", tmp_path / "ck", "x")
+    configure(where, train_table(target, tokens(tmp_path), "[train.run]\nnonsense_typo = 1\n"))
+    other = project / "other.toml"
+    (project / "deploy.toml").rename(other)
+    for command in ("deploy", "doctor"):
+        result = where.run("--config", "other.toml", command)
+        assert result.returncode == 1, result.stderr
+        text = result.stdout + result.stderr
+        assert f"Change that key under [train] in {other}" in text, text
+        assert f"Fix [train] in {other}" in text and "--set" not in text

@@ -21,7 +21,12 @@ from pathlib import Path
 import pytest
 
 from dflash_ops.connect.transport import SSHTransport
-from dflash_ops.errors import AuthenticationFailed, ConnectionDropped, NotAnSSHServer
+from dflash_ops.errors import (
+    AuthenticationFailed,
+    ConnectionDropped,
+    ConnectionFailed,
+    NotAnSSHServer,
+)
 from tests.cli_helpers import dflash
 from tests.fixtures.ssh import SSHHome, SSHServer
 
@@ -78,6 +83,11 @@ def speaks_http_then_resets(conn: socket.socket) -> None:
 
 def closes_at_once(conn: socket.socket) -> None:
     _reset(conn)
+
+
+def stays_silent(conn: socket.socket) -> None:
+    """Takes the connection and says nothing, as a hung sshd or a holding firewall does."""
+    time.sleep(8)
 
 
 def relay_cut_after_kex(sshd_port: int) -> Handler:
@@ -143,6 +153,32 @@ def test_a_server_that_closes_before_its_banner(ssh_home: SSHHome) -> None:
         _connect(port)
     assert "closed the connection before saying anything" in str(info.value)
     assert str(info.value).rstrip().endswith(")") and "()" not in str(info.value)
+
+
+def test_a_port_that_never_answers_is_said_to_be_silent(ssh_home: SSHHome) -> None:
+    """Not "closed the connection": it was open all along; the hint keeps the port and user."""
+    with ssh_home.config.open("a") as handle:
+        handle.write("Host silentbox\n    HostName 127.0.0.1\n    User ann\n    ConnectTimeout 2\n")
+    with serve(stays_silent) as port, pytest.raises(ConnectionFailed) as info:
+        SSHTransport("silentbox", port=port).connect()
+    text = str(info.value)
+    assert not isinstance(info.value, ConnectionDropped) and "closed" not in text
+    assert f"127.0.0.1:{port} accepted the connection but did not answer" in text
+    assert "no SSH banner within 2 s" in text
+    assert f"ssh -v -p {port} ann@silentbox true" in info.value.hint
+
+
+def test_hints_name_the_port_and_user_to_try_by_hand(ssh_home: SSHHome) -> None:
+    with serve(closes_at_once) as port, pytest.raises(ConnectionDropped) as info:
+        SSHTransport("127.0.0.1", port=port, user="ann").connect()
+    assert f"(ssh -v -p {port} ann@127.0.0.1 true)" in info.value.hint
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        free = unused.getsockname()[1]
+    with pytest.raises(ConnectionFailed) as refused:
+        SSHTransport("127.0.0.1", port=free, user="ann").connect()
+    assert "Connection refused" in str(refused.value)
+    assert refused.value.hint.endswith(f"ssh -p {free} ann@127.0.0.1 true")
 
 
 def test_a_drop_after_key_exchange_is_a_drop_not_a_key_problem(

@@ -22,6 +22,7 @@ import pytest
 
 from tests.cli_helpers import REPO, container_defaults, default_sigint, dflash, kill_tmux_server
 from tests.ops.test_doctor import lend_python
+from tests.pty_helpers import Terminal
 from trainer.config import config_from_dict
 from trainer.export import export
 from trainer.trainer import Trainer
@@ -199,3 +200,21 @@ def test_an_export_killed_midway_leaves_nothing(tmp_path: Path, trained: Trained
         assert not any(ckpt.glob(".export-*"))
     finally:
         kill_tmux_server(socket)
+
+
+def test_at_a_terminal_the_export_says_what_it_waits_for(place: Place, tmp_path: Path) -> None:
+    """While the exporter runs at the place nothing flows: the progress line says so, instead
+    of `0/? bytes` at `0.0 MB/s`."""
+    if place.kind != "local":
+        pytest.skip("the progress line is drawn here, whatever the place")
+    to = tmp_path / "drafter"
+    argv = [sys.executable, "-m", "dflash_ops", "export", "--to", str(to)]
+    term = Terminal(argv, cwd=place.project, env={"PYTHONPATH": str(REPO)})
+    try:
+        term.read_until("exporting at the place", timeout=120)
+        code = term.wait(timeout=180)
+    finally:
+        term.close()
+    assert code == 0, term.text
+    assert "0/?" not in term.text and "0.0 bytes/s" not in term.text, term.text
+    assert "s at the place, then" in term.text and to.is_dir()

@@ -50,4 +50,7 @@ def test_stopped_container(project: Path, proxmox) -> None:  # type: ignore[no-u
 
 def test_container_id_must_be_valid(project: Path) -> None:
     err = failure(project, "status", "--host", "somewhere", "--ct", "7")
-    assert "container id" in err
+    assert err.startswith("error: --ct 7 is not a container id: Proxmox numbers containers 100")
+    assert "hint: Pass the id that pct list shows" in err and "in the file" not in err
+    err = failure(project, "init", "--host", "somewhere", "--ct", "42", "--force")
+    assert err.startswith("error: --ct 42 is not a container id")
