@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Annotated
 
 import typer
 
@@ -69,11 +70,30 @@ for group in (
     app.add_typer(group.app)
 
 
+def _version(shown: bool) -> None:
+    """`--version`: the installed distribution's version, then stop."""
+    if shown:
+        from importlib import metadata
+
+        try:
+            version = metadata.version("dflash")
+        except metadata.PackageNotFoundError:  # run from a checkout that is not installed
+            version = "unknown (not installed)"
+        print(f"dflash {version}")
+        raise typer.Exit()
+
+
 @app.callback()
 def root(
     ctx: typer.Context,
     config: ConfigOption = None,
     verbose: VerboseOption = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print dflash's version and exit."
+        ),
+    ] = False,
 ) -> None:
     """Train DFlash drafters on your own GPU boxes: deploy the trainer, run and watch the job.
 

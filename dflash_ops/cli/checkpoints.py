@@ -20,7 +20,7 @@ from dflash_ops.cli.options import (
 )
 from dflash_ops.commands import prune as pruning
 from dflash_ops.errors import NotConfirmed
-from dflash_ops.remote.checkpoints import PrunePlan
+from dflash_ops.remote.checkpoints import Entry, PrunePlan
 
 app = typer.Typer()
 group = typer.Typer(name="checkpoints", invoke_without_command=True, no_args_is_help=False)
@@ -54,19 +54,48 @@ def checkpoints(
         print(json.dumps({"path": ws.target.checkpoints, **dataclasses.asdict(listing)}))
         return
     say = output.out.print
-    say(f"[bold]live[/bold] {escape(ws.target.checkpoints)}")
-    for entry in listing.live:
+    say(f"[bold]live[/bold] {escape(ws.target.checkpoints)}: {_count(len(listing.live))}")
+    if listing.live:
+        say(_live_table(listing.live))
+    say(f"[bold]archived runs[/bold]: {len(listing.archived)}")
+    if listing.archived:
+        say(_archived_table(listing.archived))
+
+
+def _count(n: int) -> str:
+    return output.plural(n, "entry", "entries") if n else "empty"
+
+
+def _table(*columns: str) -> Table:
+    """A plain table with a header row; the first column left, sizes right."""
+    table = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+    for name in columns:
+        table.add_column(name, justify="right" if name == "size" else "left")
+    return table
+
+
+def _live_table(entries: list[Entry]) -> Table:
+    table = _table("modified (UTC)", "size", "name")
+    for entry in entries:
         when = dt.datetime.fromtimestamp(entry.mtime, dt.UTC)
         kind = "/" if entry.kind == "d" else ""
-        say(f"  {when:%Y-%m-%d %H:%M}  {entry.size:>12,}  {escape(entry.name)}{kind}")
-    if not listing.live:
-        say("  (empty)")
-    say("[bold]archived[/bold]")
-    for stamp, entries in sorted(listing.archived.items()):
-        size = sum(e.size for e in entries)
-        say(f"  {escape(stamp)}  {size:>12,}  {len(entries)} entries")
-    if not listing.archived:
-        say("  (none)")
+        table.add_row(f"{when:%Y-%m-%d %H:%M}", output.size(entry.size), escape(entry.name + kind))
+    return table
+
+
+def _archived_table(runs: dict[str, list[Entry]]) -> Table:
+    """Newest first: what `--checkpoint <archived run>` and `prune` name."""
+    table = _table("archived run", "size", "entries", "checkpoints")
+    for stamp, entries in sorted(runs.items(), reverse=True):
+        steps = sorted(e.name for e in entries if e.kind == "d" and e.name.startswith("step-"))
+        shown = ", ".join(steps[-2:]) + (f" (+{len(steps) - 2} older)" if len(steps) > 2 else "")
+        table.add_row(
+            escape(stamp),
+            output.size(sum(e.size for e in entries)),
+            output.plural(len(entries), "entry", "entries"),
+            escape(shown or "none"),
+        )
+    return table
 
 
 @group.command()

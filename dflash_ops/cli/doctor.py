@@ -36,7 +36,9 @@ def doctor_command(
     ] = True,
     min_free_gib: Annotated[
         float,
-        typer.Option("--min-free-gib", min=0, help="Free space the checkpoints folder needs."),
+        typer.Option(
+            "--min-free-gib", metavar="GIB", min=0, help="Free space the checkpoints folder needs."
+        ),
     ] = doctor.DEFAULT_MIN_FREE_GIB,
     *,
     where: TargetChoice,

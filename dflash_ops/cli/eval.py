@@ -39,10 +39,12 @@ def eval_(
     ] = None,
     checkpoint: CheckpointOption = None,
     max_new_tokens: Annotated[
-        int | None, typer.Option("--max-new-tokens", min=1, help="Tokens to decode per prompt.")
+        int | None,
+        typer.Option("--max-new-tokens", metavar="N", min=1, help="Tokens to decode per prompt."),
     ] = None,
     limit: Annotated[
-        int | None, typer.Option("--limit", min=1, help="Use the first N prompts only.")
+        int | None,
+        typer.Option("--limit", metavar="N", min=1, help="Use the first N prompts only."),
     ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the evaluator's report as one JSON object.")
@@ -58,6 +60,7 @@ def eval_(
         int | None,
         typer.Option(
             "--batch-tokens",
+            metavar="N",
             min=1,
             help="Prompts decoded together: rows × (longest prompt + new tokens) per target "
             "forward at most (8192); lower it if the target runs out of memory, 1 for one "

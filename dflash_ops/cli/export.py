@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -28,17 +29,26 @@ from dflash_ops.commands import export as exporting
 app = typer.Typer()
 
 
+class Dtype(StrEnum):
+    """The weights' dtype in the exported folder (`exporting.DTYPES`)."""
+
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
 @app.command(name="export")
 @with_target
 def export(
     ctx: typer.Context,
     to: Annotated[
-        Path, typer.Option("--to", help="Local folder to create (config.json, model.safetensors).")
+        Path,
+        typer.Option(
+            "--to", metavar="DIR", help="Local folder to create (config.json, model.safetensors)."
+        ),
     ],
     checkpoint: CheckpointOption = None,
-    dtype: Annotated[
-        str, typer.Option("--dtype", help="Weights dtype: bf16, fp16 or fp32.")
-    ] = "bf16",
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="Weights dtype.")] = Dtype.bf16,
     keep_remote: Annotated[
         bool,
         typer.Option(
@@ -63,7 +73,7 @@ def export(
       dflash export --to ./drafter --keep-remote
     """
     request = exporting.ExportRequest(
-        to=to, checkpoint=checkpoint, dtype=dtype, keep_remote=keep_remote
+        to=to, checkpoint=checkpoint, dtype=dtype.value, keep_remote=keep_remote
     )
     tmp = exporting.staging(to)
     try:

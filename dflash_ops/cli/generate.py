@@ -32,16 +32,19 @@ def _opt(flag: str, text: str, **kw: object) -> object:
 def generate(
     ctx: typer.Context,
     prompts: Annotated[
-        list[str], _opt("--prompts", "Prompt JSONL at the place (absolute; repeatable).")
+        list[str],
+        _opt("--prompts", "Prompt JSONL at the place (absolute; repeatable).", metavar="PATH"),
     ],
     out: Annotated[
-        str, _opt("--out", "Shard folder at the place (absolute); resumed when present.")
+        str,
+        _opt("--out", "Shard folder at the place (absolute); resumed when present.", metavar="DIR"),
     ],
     max_new_tokens: Annotated[
-        int | None, _opt("--max-new-tokens", "Answer length cap (512).", min=2)
+        int | None, _opt("--max-new-tokens", "Answer length cap (512).", min=2, metavar="N")
     ] = None,
     batch_size: Annotated[
-        int | None, _opt("--batch-size", "Prompts decoded together per GPU (32).", min=1)
+        int | None,
+        _opt("--batch-size", "Prompts decoded together per GPU (32).", min=1, metavar="N"),
     ] = None,
     engine: Annotated[
         Engine | None,
@@ -52,9 +55,9 @@ def generate(
         ),
     ] = None,
     temperature: Annotated[
-        float | None, _opt("--temperature", "0: greedy (the default).", min=0.0)
+        float | None, _opt("--temperature", "0: greedy (the default).", min=0.0, metavar="T")
     ] = None,
-    top_p: Annotated[float | None, _opt("--top-p", "Nucleus sampling (1.0).")] = None,
+    top_p: Annotated[float | None, _opt("--top-p", "Nucleus sampling (1.0).", metavar="P")] = None,
     sampled_prefix: Annotated[
         int | None,
         _opt(
@@ -62,13 +65,16 @@ def generate(
             "Sample only the first N answer tokens at --temperature (they join the prompt), "
             "then answer greedily.",
             min=0,
+            metavar="N",
         ),
     ] = None,
-    seed: Annotated[int | None, _opt("--seed", "Sampling seed (0).")] = None,
+    seed: Annotated[int | None, _opt("--seed", "Sampling seed (0).", metavar="S")] = None,
     shard_size: Annotated[
-        int | None, _opt("--shard-size", "Prompts per shard (1024).", min=1)
+        int | None, _opt("--shard-size", "Prompts per shard (1024).", min=1, metavar="N")
     ] = None,
-    limit: Annotated[int | None, _opt("--limit", "Use the first N unique prompts.", min=1)] = None,
+    limit: Annotated[
+        int | None, _opt("--limit", "Use the first N unique prompts.", min=1, metavar="N")
+    ] = None,
     thinking: Annotated[
         bool | None,
         typer.Option(

@@ -40,6 +40,7 @@ def init_command(
         typer.Option(
             "--model",
             "-m",
+            metavar="PATH",
             help="Target model folder at the place (save_pretrained layout); default: the demo.",
         ),
     ] = None,
@@ -48,6 +49,7 @@ def init_command(
         typer.Option(
             "--data",
             "-d",
+            metavar="PATH",
             help="Training data at the place: chat ({'messages'}), text ({'text'}) or tokenized "
             "JSONL (with --model).",
         ),

@@ -29,7 +29,10 @@ def logs(
         ),
     ] = False,
     tail: Annotated[
-        int, typer.Option("--tail", "-n", min=0, help="How many of the last lines to print first.")
+        int,
+        typer.Option(
+            "--tail", "-n", metavar="N", min=0, help="How many of the last lines to print first."
+        ),
     ] = 50,
     *,
     where: TargetChoice,

@@ -27,6 +27,7 @@ ConfigOption = Annotated[
     typer.Option(
         "--config",
         "-c",
+        metavar="FILE",
         help="deploy.toml to use (default: $DFLASH_CONFIG, else ./deploy.toml).",
         dir_okay=False,
     ),
@@ -37,7 +38,11 @@ VerboseOption = Annotated[
 TargetOption = Annotated[
     str | None,
     typer.Option(
-        "--target", "-t", help="Named target: a [targets.NAME] table.", rich_help_panel=_TARGET
+        "--target",
+        "-t",
+        metavar="NAME",
+        help="Named target: a [targets.NAME] table.",
+        rich_help_panel=_TARGET,
     ),
 ]
 HostOption = Annotated[
@@ -45,16 +50,20 @@ HostOption = Annotated[
     typer.Option(
         "--host",
         "-H",
+        metavar="HOST",
         help="SSH host (address or ~/.ssh/config alias); makes the place ssh.",
         rich_help_panel=_TARGET,
     ),
 ]
 UserOption = Annotated[
-    str | None, typer.Option("--user", "-u", help="SSH user.", rich_help_panel=_TARGET)
+    str | None,
+    typer.Option("--user", "-u", metavar="USER", help="SSH user.", rich_help_panel=_TARGET),
 ]
 PortOption = Annotated[
     int | None,
-    typer.Option("--port", "-p", help="SSH port.", min=1, max=65535, rich_help_panel=_TARGET),
+    typer.Option(
+        "--port", "-p", metavar="PORT", help="SSH port.", min=1, max=65535, rich_help_panel=_TARGET
+    ),
 ]
 CtOption = Annotated[
     int | None,

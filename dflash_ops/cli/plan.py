@@ -24,15 +24,20 @@ def plan(
     gpus: Annotated[
         int | None,
         typer.Option(
-            "--gpus", min=1, help="GPUs of the node to split (default: [job] gpus, else visible)."
+            "--gpus",
+            metavar="G",
+            min=1,
+            help="GPUs of the node to split (default: [job] gpus, else visible).",
         ),
     ] = None,
     steps: Annotated[
-        int | None, typer.Option("--steps", min=1, help="Timed batches per role.")
+        int | None, typer.Option("--steps", metavar="N", min=1, help="Timed batches per role.")
     ] = None,
     warmup: Annotated[
         int | None,
-        typer.Option("--warmup", min=0, help="Untimed batches per role (compiles, warm-up)."),
+        typer.Option(
+            "--warmup", metavar="N", min=0, help="Untimed batches per role (compiles, warm-up)."
+        ),
     ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the planner's report as one JSON object.")

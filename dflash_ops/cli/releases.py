@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from rich.table import Table
 
 from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
@@ -61,12 +62,19 @@ def releases(
     if not rows:
         output.info(f"No releases at {ws.target.root} on {ws.target.describe()}.")
         return
-    for row in rows:
-        mark = "*" if row["current"] else " "
-        output.out.print(
-            f"{mark} {row['id']}  {row['created'] or '-':<25}  {row['size']:>12,}  "
-            f"{escape(str(row['revision']))}"
+    table = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+    for name in ("", "release", "created", "size", "revision"):
+        table.add_column(name, justify="right" if name == "size" else "left")
+    for info in infos:
+        table.add_row(
+            "*" if info.current else "",
+            info.release_id,
+            escape(str(info.meta.get("created") or "-")),
+            output.size(info.size),
+            escape(_revision(dict(info.meta))),
         )
+    output.out.print(table)
+    output.info(f"{output.plural(len(rows), 'release')}; * = current")
 
 
 @app.command()
@@ -75,7 +83,9 @@ def rollback(
     ctx: typer.Context,
     to: Annotated[
         str | None,
-        typer.Option("--to", help="Release id to go back to (default: the previous one)."),
+        typer.Option(
+            "--to", metavar="ID", help="Release id to go back to (default: the previous one)."
+        ),
     ] = None,
     *,
     where: TargetChoice,

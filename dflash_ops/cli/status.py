@@ -30,7 +30,8 @@ def status(
         bool, typer.Option("--json", help="Print one JSON object (for scripts).")
     ] = False,
     lines: Annotated[
-        int, typer.Option("--lines", "-n", min=0, help="How many last log lines to show.")
+        int,
+        typer.Option("--lines", "-n", metavar="N", min=0, help="How many last log lines to show."),
     ] = 10,
     *,
     where: TargetChoice,

@@ -77,3 +77,23 @@ def test_show_completion_prints_a_script_for_the_shell(shell):
     result = dflash("--show-completion", shell)
     assert result.returncode == 0, result.stderr
     assert "_DFLASH_COMPLETE" in result.stdout
+
+
+# Metavars typer makes from Python types: what a user cannot type.
+PYTHON_TYPES = ("<str>", "<int", "<float", "<path>", "<list[", "<text>", "<bool>")
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_names_values_as_a_user_types_them(command):
+    args = ["--help"] if command is None else [*command.split(), "--help"]
+    text = dflash(*args).stdout
+    assert not [t for t in PYTHON_TYPES if t in text], text
+
+
+def test_choices_ranges_and_version_are_shown():
+    assert "--dtype <bf16|fp16|fp32>" in dflash("export", "--help").stdout
+    deploy = " ".join(dflash("deploy", "--help").stdout.split())
+    assert "--ct CT Proxmox container id on --host, 100-999999999" in deploy
+    assert "-p, --port PORT" in deploy and "[1<=x<=65535]" in deploy
+    version = dflash("--version")
+    assert version.returncode == 0 and version.stdout.startswith("dflash ")
