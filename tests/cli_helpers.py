@@ -102,6 +102,23 @@ def kill_tmux_server(socket: str) -> None:
     subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
 
 
+def any_where(
+    request: Any, tmp_path: Path, ct: int, *, python: str | None = None
+) -> Iterator[Where]:
+    """`remote_where`, and "local" too: this machine, the project's default root."""
+    if request.param != "local":
+        yield from remote_where(request, tmp_path, ct, python=python)
+        return
+    project = tmp_path / "project"
+    project.mkdir()
+    root = project / ".dflash" / "local"
+    socket = f"dft-{uuid.uuid4().hex[:10]}"
+    try:
+        yield Where("local", project, [], root, root / "checkpoints", socket)
+    finally:
+        kill_tmux_server(socket)
+
+
 def remote_where(
     request: Any, tmp_path: Path, ct: int, *, python: str | None = None
 ) -> Iterator[Where]:

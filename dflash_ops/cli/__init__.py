@@ -14,6 +14,8 @@
                 [--batch-tokens N]
     dflash plan [--gpus G] [--steps N] [--warmup N] [--json] [--force]
     dflash generate --prompts PATH --out DIR [--max-new-tokens N] [--temperature T] …
+    dflash exec -- CMD…
+    dflash attach
 
 Every failure is one message, a hint and a non-zero exit (`main` catches `DflashError`).
 """
@@ -27,11 +29,13 @@ from typing import Annotated
 import typer
 
 from dflash_ops.cli import (
+    attach,
     checkpoints,
     control,
     deploy,
     doctor,
     eval,
+    execute,
     export,
     generate,
     init,
@@ -66,6 +70,8 @@ for group in (
     export,
     generate,
     plan,
+    execute,
+    attach,
 ):
     app.add_typer(group.app)
 

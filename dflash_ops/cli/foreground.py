@@ -12,11 +12,9 @@ from dflash_ops.connect.transport import StreamResult
 from dflash_ops.errors import DflashError
 
 
-def drain(
-    stream: StreamResult, *, what: str, failure: Callable[[StreamResult], DflashError]
-) -> int:
-    """Copy the tool's stdout to ours until it ends; its exit code (the error printed first when
-    it is not 0). `what` names the tool in the message of an interrupted run."""
+def copy(stream: StreamResult, *, what: str) -> int:
+    """Copy the command's stdout to ours until it ends; its exit code. Ctrl-C stops it at the
+    place too (exit 130); `what` names it in that message."""
     try:
         for chunk in stream:
             output.write_bytes(chunk)
@@ -24,7 +22,14 @@ def drain(
         stream.close()
         output.info(f"Interrupted; the {what} was stopped.")
         raise typer.Exit(130) from None
-    code = stream.exit_code or 0
+    return stream.exit_code or 0
+
+
+def drain(
+    stream: StreamResult, *, what: str, failure: Callable[[StreamResult], DflashError]
+) -> int:
+    """`copy`, then the tool's error printed when its exit code is not 0."""
+    code = copy(stream, what=what)
     if code != 0:
         output.error(failure(stream))
     return code

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -321,11 +322,22 @@ def _target(alias: str, values: dict[str, list[str]]) -> SSHTarget:
     )
 
 
+def ssh_command(
+    target: SSHTarget, remote: Sequence[str], *, tty: bool = False, verbose: bool = False
+) -> list[str]:
+    """The OpenSSH client's argv that reaches `target` as dflash does — the same config file
+    (`-F` when $HOME is not the account's home), port and user — and runs `remote` there, one
+    word quoted for the remote shell. `tty`: with a terminal (`-t`)."""
+    files = _config_files(None, _home())
+    argv = ["ssh", *(["-v"] if verbose else []), *(["-t"] if tty else [])]
+    argv += ["-F", str(files.dash_f)] if files.dash_f is not None else []
+    return [*argv, "-p", str(target.port), f"{target.user}@{target.alias}", quote_argv(remote)]
+
+
 def try_command(target: SSHTarget, *, verbose: bool = False) -> str:
     """The `ssh` command that tries the same destination by hand, its port and user kept (a
     hint without `-p` would try port 22, and another account)."""
-    argv = ["ssh", *(["-v"] if verbose else []), "-p", str(target.port)]
-    return quote_argv([*argv, f"{target.user}@{target.alias}", "true"])
+    return quote_argv(ssh_command(target, ["true"], verbose=verbose))
 
 
 # The placeholders of the connection errors' hints (errors.py), and what stands for them.

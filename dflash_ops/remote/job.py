@@ -126,6 +126,11 @@ class Job:
 
     # tmux -------------------------------------------------------------------------------
 
+    def attach_argv(self) -> list[str]:
+        """`tmux -L SOCKET attach-session -t =SESSION`: the argv that puts the job's pane on a
+        terminal (run there by `dflash attach`, not through the place)."""
+        return ["tmux", "-L", self.socket, "attach-session", "-t", f"={self.session}"]
+
     def tmux(self, *args: str) -> TmuxResult:
         """`tmux -L <socket> ARGS…`, locally through libtmux, elsewhere through the place."""
         args = tuple(a if a == ";" else tmux_arg(a) for a in args)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from dflash_ops.connect.transport import LocalTransport, SSHTransport
 from dflash_ops.remote.checkpoints import Checkpoints, Run, choose
 from dflash_ops.remote.client import delete_runs, site_argv
 from dflash_ops.settings.deploy_config import TargetFlags
-from tests.cli_helpers import REPO, Where, kill_tmux_server, remote_where
+from tests.cli_helpers import REPO, Where, any_where
 from tests.pty_helpers import Terminal
 from trainer.checkpoint import save_checkpoint
 from trainer.config import config_from_dict
@@ -56,14 +55,7 @@ def make_archive(ckpt: Path, stamps: list[str]) -> None:
 def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
     """A project with trainer/ whose job (a shell command) was deployed once, so that the
     place has a current release: its trainer verifies the checkpoints."""
-    if request.param == "local":
-        project = tmp_path / "project"
-        project.mkdir()
-        root = project / ".dflash" / "local"
-        socket = f"dft-{uuid.uuid4().hex[:10]}"
-        places = iter([Where("local", project, [], root, root / "checkpoints", socket)])
-    else:
-        places = remote_where(request, tmp_path, CT, python=sys.executable)
+    places = any_where(request, tmp_path, CT, python=sys.executable)
     spot = next(places)
     shutil.copytree(
         REPO / "trainer", spot.project / "trainer", ignore=shutil.ignore_patterns("__pycache__")
@@ -72,9 +64,7 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
     deployed = spot.run("deploy", *spot.flags)
     assert deployed.returncode == 0, deployed.stderr
     yield spot
-    next(places, None)  # the remote fixture's teardown
-    if request.param == "local":
-        kill_tmux_server(spot.socket)
+    next(places, None)  # the place's teardown
 
 
 def workspace(where: Where) -> Workspace:

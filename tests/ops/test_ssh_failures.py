@@ -165,20 +165,21 @@ def test_a_port_that_never_answers_is_said_to_be_silent(ssh_home: SSHHome) -> No
     assert not isinstance(info.value, ConnectionDropped) and "closed" not in text
     assert f"127.0.0.1:{port} accepted the connection but did not answer" in text
     assert "no SSH banner within 2 s" in text
-    assert f"ssh -v -p {port} ann@silentbox true" in info.value.hint
+    config = ssh_home.config  # ssh would read the account's own ~/.ssh: HOME is another here
+    assert f"ssh -v -F {config} -p {port} ann@silentbox true" in info.value.hint
 
 
 def test_hints_name_the_port_and_user_to_try_by_hand(ssh_home: SSHHome) -> None:
     with serve(closes_at_once) as port, pytest.raises(ConnectionDropped) as info:
         SSHTransport("127.0.0.1", port=port, user="ann").connect()
-    assert f"(ssh -v -p {port} ann@127.0.0.1 true)" in info.value.hint
+    assert f"(ssh -v -F {ssh_home.config} -p {port} ann@127.0.0.1 true)" in info.value.hint
     with socket.socket() as unused:  # a port nothing listens on
         unused.bind(("127.0.0.1", 0))
         free = unused.getsockname()[1]
     with pytest.raises(ConnectionFailed) as refused:
         SSHTransport("127.0.0.1", port=free, user="ann").connect()
     assert "Connection refused" in str(refused.value)
-    assert refused.value.hint.endswith(f"ssh -p {free} ann@127.0.0.1 true")
+    assert refused.value.hint.endswith(f"ssh -F {ssh_home.config} -p {free} ann@127.0.0.1 true")
 
 
 def test_a_drop_after_key_exchange_is_a_drop_not_a_key_problem(
