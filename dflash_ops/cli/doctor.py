@@ -88,7 +88,7 @@ def doctor_command(
         else:
             bad = sum(1 for c in checks if not c.ok and not c.skipped)
             output.info(
-                f"{bad} check(s) failed; apply the fixes above and run "
+                f"{output.plural(bad, 'check')} failed; apply the fixes above and run "
                 f"{command(ctx, 'doctor')} again."
             )
         if not ok:

@@ -276,7 +276,7 @@ def check_gpu_count(setup: Setup, place: Place, found: Findings) -> Check:
         return passed("gpu count", f"{have} visible, [job] gpus = {want}")
     return failed(
         "gpu count",
-        f"{have} GPU(s) visible but [job] gpus = {want}",
+        f"{have} GPU{'' if have == 1 else 's'} visible but [job] gpus = {want}",
         f"Set [job] gpus = {have} (and target_gpus below it) in deploy.toml, or make the GPUs "
         "visible to the job (CUDA_VISIBLE_DEVICES in [job] env, container GPU passthrough).",
     )

@@ -111,7 +111,7 @@ def test_human_output_marks_each_line_and_exit_code_is_1_on_failure(tmp_path):
     assert "✗ target model" in result.stdout
     assert "fix:" in result.stdout and "[train.model] target" in result.stdout
     assert "✗ train config: [train] data.path: set the training data file" in result.stdout
-    assert "2 check(s) failed" in result.stderr
+    assert "2 checks failed" in result.stderr
 
 
 def tools_without(tmp_path: Path, *hidden: str) -> str:
