@@ -68,6 +68,9 @@ class Workspace:
         accept_new_host_key: bool = False,
     ) -> Workspace:
         config = load_config(find_config(config_file))
+        # This folder's project is drawn before any deploy records a state.json: a folder with
+        # a state.json and no project.json is one an earlier dflash deployed from.
+        projects.load(config.project_dir)
         record = state.load(config.project_dir)
         remembered = record.flags if record is not None else None
         target = resolve_target(config, flags, remembered=remembered)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from dflash_ops.errors import ConfigError
 from dflash_ops.remote.job import socket_for
 from dflash_ops.settings import project
-from tests.cli_helpers import REPO
+from tests.cli_helpers import REPO, dflash, kill_tmux_server
 
 
 def test_each_folder_gets_its_own_root_and_keeps_it(tmp_path: Path) -> None:
@@ -69,3 +70,16 @@ def test_a_damaged_file_is_named(tmp_path: Path, text: str) -> None:
     with pytest.raises(ConfigError, match="project.json is unreadable") as info:
         project.load(tmp_path)
     assert "set root and checkpoints" in info.value.hint
+
+
+def test_a_folder_that_deploys_here_first_is_no_earlier_dflash(tmp_path: Path) -> None:
+    """Deploying to this machine writes state.json; the project is drawn before that, so a
+    later remote deploy gets the folder's own root, not the shared one of an earlier dflash."""
+    socket = f"dft-{uuid.uuid4().hex[:10]}"
+    (tmp_path / "deploy.toml").write_text(f'[job]\nsocket = "{socket}"\ncommand = "true"\n')
+    try:
+        assert dflash(tmp_path, "deploy").returncode == 0
+    finally:
+        kill_tmux_server(socket)
+    assert (tmp_path / ".dflash" / "state.json").is_file()
+    assert not project.load(tmp_path).legacy
