@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dflash_ops.connect.place import Place
-from dflash_ops.errors import CommandTimedOut
+from dflash_ops.errors import CommandTimedOut, DflashError
 from dflash_ops.settings.job_config import JobConfig
 from trainer.split_rule import default_target_gpus
 
@@ -92,7 +92,10 @@ def unused(place: Place, job: JobConfig, *, torch_sees: int = 0) -> int:
     `nvidia-smi` there, or what the job's torch sees (`torch_sees`), whichever says more."""
     if job.gpus > 0 or job.env.get("CUDA_VISIBLE_DEVICES", None) == "":
         return 0
-    readings, _ = read(place, job.env)
+    try:
+        readings, _ = read(place, job.env)
+    except DflashError:  # the place went away: said by the next command, not by this warning
+        readings = None
     return max(len(readings or []), torch_sees)
 
 
