@@ -71,7 +71,7 @@ def deploy(
             say=output.info,
             warn=output.warn,
         )
-        idle = gpus.unused(ws.place, ws.config.job)
+        idle = gpus.unused(ws.config.job, seen=report.devices)
     if report.removed:
         output.info(f"Removed old releases: {', '.join(report.removed)}")
     output.success(

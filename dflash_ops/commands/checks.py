@@ -183,11 +183,45 @@ def job_argv(setup: Setup, argv: Sequence[str]) -> list[str]:
 MIN_PYTHON = (3, 11)
 # The cheap probe: version only (no torch import); it exits 3 on a Python older than MIN_PYTHON,
 # so that `dflash deploy`'s one command stops there before touching anything.
-VERSION_PROBE = (
-    "import json, platform, sys; "
-    'print(json.dumps({"python": platform.python_version(), "executable": sys.executable})); '
-    f"sys.exit(3 if sys.version_info < {MIN_PYTHON} else 0)"
+_VERSION = (
+    "import json, platform, sys\n"
+    'found = {"python": platform.python_version(), "executable": sys.executable}\n'
 )
+_ANSWER = f"print(json.dumps(found))\nsys.exit(3 if sys.version_info < {MIN_PYTHON} else 0)\n"
+VERSION_PROBE = _VERSION + _ANSWER
+# Between them, for a job of `[job] gpus = 0`: the place's NVIDIA GPUs (nvidia-smi on the job's
+# PATH, and their device files) for deploy's idle-GPU warning; any failure leaves them out, so
+# that an old or broken python is still judged by its version.
+_COUNT_GPUS = f"""\
+try:
+    import os, re, shutil, subprocess
+    devices = len([d for d in os.listdir("/dev") if re.match("nvidia[0-9]+$", d)])
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        listed = subprocess.run(
+            [smi] + {list(gpus.SMI_ARGV[1:])!r}, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, universal_newlines=True, timeout={gpus.TIMEOUT_S:g},
+        ).stdout
+        devices = max(devices, len([line for line in listed.splitlines() if line.strip()]))
+    found["devices"] = devices
+except Exception:
+    pass
+"""
+
+
+def version_probe(*, count_gpus: bool = False) -> str:
+    """`VERSION_PROBE`; with `count_gpus`, its answer also holds the place's GPUs."""
+    return _VERSION + _COUNT_GPUS + _ANSWER if count_gpus else VERSION_PROBE
+
+
+def probed_devices(answer: str | None) -> int:
+    """The GPU device files the version probe counted (`python` fact: "STATUS {json}")."""
+    try:
+        found = json.loads((answer or "").partition(" ")[2])
+    except ValueError:
+        return 0
+    devices = found.get("devices") if isinstance(found, dict) else None
+    return devices if isinstance(devices, int) else 0
 
 
 def python_probe_argv(setup: Setup, probe: str = VERSION_PROBE) -> list[str]:
@@ -268,7 +302,7 @@ def check_cuda(setup: Setup, place: Place, found: Findings) -> Check:
 
 def check_gpu_count(setup: Setup, place: Place, found: Findings) -> Check:
     want, have = setup.job.gpus, int(found.python.get("gpus", 0))
-    idle = gpus.unused(place, setup.job, torch_sees=have)
+    idle = gpus.unused(setup.job, seen=max(gpus.count(place, setup.job.env), have))
     if idle:
         detail, fix = gpus.unused_words(idle, place.description, setup.config_file)
         return Check(name="gpu count", ok=True, detail=detail, fix=fix, warning=True)

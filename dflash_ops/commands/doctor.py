@@ -40,6 +40,7 @@ from dflash_ops.commands.checks import (
     judge_python,
     judge_tmux,
     python_probe_argv,
+    version_probe,
 )
 from dflash_ops.commands.smoke_check import check_smoke, smoke_check
 from dflash_ops.commands.train_check import (
@@ -139,7 +140,7 @@ def deploy_preflight(setup: Setup, where: str) -> Preflight:
         return failure(judge_python(setup, where, result, Findings()))
 
     return Preflight(
-        probe=python_probe_argv(setup),
+        probe=python_probe_argv(setup, version_probe(count_gpus=setup.job.gpus == 0)),
         check=check_argv(setup) if applies(setup) else [],
         failed=failed,
         invalid=lambda code, lines: invalid(where, code, lines, config=setup.config_file),

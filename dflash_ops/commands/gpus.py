@@ -86,17 +86,21 @@ def read(place: Place, env: Mapping[str, str]) -> tuple[list[GpuReading] | None,
     return readings, None
 
 
-def unused(place: Place, job: JobConfig, *, torch_sees: int = 0) -> int:
-    """How many GPUs the place has that a `[job] gpus = 0` job leaves idle (0 when the job
-    uses GPUs, or its `[job] env` hides them on purpose with an empty CUDA_VISIBLE_DEVICES):
-    `nvidia-smi` there, or what the job's torch sees (`torch_sees`), whichever says more."""
+def count(place: Place, env: Mapping[str, str]) -> int:
+    """How many GPUs `nvidia-smi` lists at the place (0 without one, or when it fails)."""
+    try:
+        readings, _ = read(place, env)
+    except DflashError:  # the place went away: said by the next command, not by a count
+        return 0
+    return len(readings or [])
+
+
+def unused(job: JobConfig, *, seen: int) -> int:
+    """How many of the `seen` GPUs of the place a `[job] gpus = 0` job leaves idle: all, unless
+    the job uses GPUs or its `[job] env` hides them on purpose (an empty CUDA_VISIBLE_DEVICES)."""
     if job.gpus > 0 or job.env.get("CUDA_VISIBLE_DEVICES", None) == "":
         return 0
-    try:
-        readings, _ = read(place, job.env)
-    except DflashError:  # the place went away: said by the next command, not by this warning
-        readings = None
-    return max(len(readings or []), torch_sees)
+    return seen
 
 
 def unused_words(count: int, where: str, config: str) -> tuple[str, str]:

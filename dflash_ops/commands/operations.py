@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash_ops.commands import doctor, gpus
-from dflash_ops.commands.checks import Setup
+from dflash_ops.commands.checks import Setup, probed_devices
 from dflash_ops.commands.workspace import Workspace
 from dflash_ops.remote import client
 from dflash_ops.remote.job import JobState
@@ -49,6 +49,7 @@ class DeployReport:
     stopped: JobState | None
     archived: str | None
     started: JobState
+    devices: int = 0  # NVIDIA GPUs at the place (its device files, seen by the python probe)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,6 +135,7 @@ def deploy(
         stopped=done.stopped,
         archived=done.archived,
         started=done.started,
+        devices=probed_devices(done.probe),
     )
 
 

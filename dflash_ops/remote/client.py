@@ -112,6 +112,7 @@ class Done:
     stopped: JobState | None
     archived: str | None
     started: JobState | None
+    probe: str | None = None  # a deploy's python probe: "STATUS {json}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,6 +206,7 @@ def run(plan: DeployPlan, steps: Steps, *, force: bool = False, expect: str = ""
         stopped=plan.job.parse_line(stopped) if stopped else None,
         archived=outcome.fact("archived"),
         started=plan.job.parse_line(started) if started else None,
+        probe=outcome.fact("python"),
     )
 
 
