@@ -135,21 +135,22 @@ def check_target(config: TrainConfig) -> str:
 
 
 def _check_own_shape(config: TrainConfig, c: dict[str, Any], folder: Path) -> None:
-    """The drafter's own MLP width and key/value heads: a divisor of the target's heads, and
-    the target's own where the drafter starts from the target's layers."""
+    """The drafter's own heads, key/value heads, head dimension and MLP width: key/value heads
+    that divide the heads, and the target's own where the drafter starts from the target's
+    layers."""
     m = config.model
     heads = c["num_attention_heads"]
     target_kv = c.get("num_key_value_heads") or heads
-    if choices := m.kv_head_choices(heads):
-        raise fail(
-            "model.num_kv_heads",
-            f"{m.num_kv_heads} does not divide the {heads} attention heads of {folder}",
-            f"Pick one of {', '.join(map(str, choices))}, or leave model.num_kv_heads unset (the "
-            "target's).",
-        )
+    try:
+        m.attention_heads(heads, target_kv)
+    except TrainConfigError as exc:
+        raise fail(exc.key, f"{_message(exc)} (the target in {folder})", exc.hint) from exc
+    head_dim = c.get("head_dim") or c["hidden_size"] // heads
     own = {
         "model.intermediate_size": (m.intermediate_size, c["intermediate_size"], "an MLP of {}"),
         "model.num_kv_heads": (m.num_kv_heads, target_kv, "{} key/value heads"),
+        "model.num_heads": (m.num_heads, heads, "{} attention heads"),
+        "model.head_dim": (m.head_dim, head_dim, "a head dimension of {}"),
     }
     for key, (value, target_value, what) in own.items():
         if m.init_layers and value not in (None, target_value):
