@@ -4,12 +4,13 @@
 
 In order: the keys, types and combinations of the config (`trainer.config`: the trainer's own
 validation); the target folder (config.json readable, a supported family, the shape keys the
-drafter copies, `model.target_layers` and `model.init_layers` in range, weights present); the
-data file (readable, its first lines parse with the loader's own parsers — chat and text lines
-also rendered with the target's tokenizer and chat template, as the loader does);
-`eval.prompts` readable. torch is not
-imported for a tokenized or demo config; a chat or text file loads `transformers` for the
-tokenizer.
+drafter copies, `model.target_layers` and `model.init_layers` in range, weights present); for a
+target with linear-attention layers (Qwen3.5), what will run them at the job's device: the
+kernels or the much slower reference (`trainer.linear_attention`); the data file (readable, its
+first lines parse with the loader's own parsers — chat and text lines also rendered with the
+target's tokenizer and chat template, as the loader does); `eval.prompts` readable. torch is
+not imported for a dense target with a tokenized or demo config; a chat or text file loads
+`transformers` for the tokenizer.
 
 Exit 0 prints one `ok:` line per part. Exit 2: the config itself is invalid (an unknown key, a
 bad type): one `error:` line naming the key and a `hint:`. Exit 1: the config is valid but what
@@ -163,6 +164,20 @@ def _check_own_shape(config: TrainConfig, c: dict[str, Any], folder: Path) -> No
             )
 
 
+def check_linear_attention(config: TrainConfig) -> str:
+    """The target's linear-attention layers (a hybrid such as Qwen3.5): what will run them at
+    the job's device, kernels or the much slower reference (`trainer.linear_attention`; imports
+    `transformers`' modeling module, and torch, for such a target only)."""
+    from trainer.linear_attention import describe, has_linear_attention
+
+    c = target_config(config)
+    if not has_linear_attention(c):
+        return ""
+    from trainer.runtime import resolve_device
+
+    return describe(c, device_type=resolve_device(config.run.device).type) or ""
+
+
 # ---- the data --------------------------------------------------------------------------------
 
 
@@ -309,6 +324,8 @@ def run_checks(
         return True
 
     target_ok = part(lambda: check_target(config))
+    if target_ok:
+        part(lambda: check_linear_attention(config))
     part(lambda: check_data(config, lines=lines, render=target_ok))
     part(lambda: check_eval(config))
     return summary, problems

@@ -222,7 +222,8 @@ class RunConfig:
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:N"
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
     compile: bool | None = None  # compile the drafter's layers; None: on CUDA only
-    compile_target: bool | None = None  # compile the target's training forward; None: on CUDA
+    # compile the target's training forward; None: on CUDA, but for linear-attention targets
+    compile_target: bool | None = None
     # FlexAttention kernels: "auto" (tiles by the GPU's shared memory), "large", "small" (~100 KiB
     # GPUs), "flash" (the CuTe-DSL backend of flash-attn-4, Hopper and newer, when installed)
     attention_kernels: str = "auto"
@@ -235,9 +236,14 @@ class RunConfig:
         """Whether the drafter's layers are compiled on `device` (a torch.device)."""
         return device.type == "cuda" if self.compile is None else self.compile
 
-    def compiles_target_on(self, device: Any) -> bool:
-        """Whether the target's training forward is compiled on `device` (a torch.device)."""
-        return device.type == "cuda" if self.compile_target is None else self.compile_target
+    def compiles_target_on(self, device: Any, *, linear_attention: bool = False) -> bool:
+        """Whether the target's training forward is compiled on `device` (a torch.device).
+        Unset: on CUDA, except for a target with linear-attention layers, whose reference
+        implementation compiles to a graph unrolled over its sequence (`trainer.linear_attention`).
+        """
+        if self.compile_target is not None:
+            return self.compile_target
+        return device.type == "cuda" and not linear_attention
 
     def __post_init__(self) -> None:
         _positive("run.steps", self.steps)
