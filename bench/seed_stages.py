@@ -176,7 +176,10 @@ def stage_target(spec: dict[str, Any], out: Path, cap_s: float, mode: str, smoke
         write_data(data, spec, samples=2)
         lengths_timed(spec, target, data, rec, began, cap_s, mode, weights)
     if mode == "kernels" and device.type == "cuda":
-        rec["conv"] = conv_alone(spec, device)
+        try:
+            rec["conv"] = conv_alone(spec, device)
+        except Exception as exc:  # the forward's figures stand; the reason is the record here
+            rec["conv"] = {"error": first_line(exc)}
 
 
 def lengths_timed(
@@ -250,12 +253,12 @@ def conv_alone(spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """The linear-attention layers' short causal convolution alone at the longest length, in
     the layout the layer hands it: what transformers bound (its F.conv1d fallback without the
     causal-conv1d package) beside fla's Triton kernel, per layer and per forward."""
-    from trainer.linear_attention import kernel_of, modeling_module
+    from trainer.linear_attention import kernel_of, linear_layers, modeling_module
 
     t = spec["target"]
     channels = 2 * t["linear_num_key_heads"] * t["linear_key_head_dim"]
     channels += t["linear_num_value_heads"] * t["linear_value_head_dim"]
-    tokens, layers = spec["lengths"][-1], t["num_hidden_layers"] * 3 // 4
+    tokens, layers = spec["lengths"][-1], linear_layers(target_config(spec))[0]
     x = torch.randn(1, tokens, channels, device=device, dtype=torch.bfloat16)  # (B, T, D)
     w = torch.randn(channels, t["linear_conv_kernel_dim"], device=device, dtype=torch.bfloat16)
     bound = modeling_module("qwen3_5_text").causal_conv1d_fn
