@@ -34,10 +34,20 @@ from typing import Any, cast
 LINEAR = "linear_attention"
 DOC = 'docs/benchmarks.md, "The seed\'s target at its own size"'
 
-# the modeling module's name of each operation: what it does, where its kernel comes from
+# the modeling module's name of each operation: what it does, what runs it without a kernel
+# and what that means on a GPU (what it costs at the seed's size: DOC)
 _OPS = {
-    "torch_chunk_gated_delta_rule": ("gated delta rule", "fla-core: pip install 'dflash[kernels]'"),
-    "causal_conv1d_fn": ("causal conv1d", "causal-conv1d, built against the CUDA torch"),
+    "torch_chunk_gated_delta_rule": (
+        "gated delta rule",
+        "PyTorch reference",
+        "a Python loop over 64-token chunks of every layer, much slower than fla's Triton "
+        "kernels: pip install 'dflash[kernels]'",
+    ),
+    "causal_conv1d_fn": (
+        "causal conv1d",
+        "PyTorch F.conv1d",
+        "the causal-conv1d package replaces it where it is built against the job's CUDA torch",
+    ),
 }
 
 
@@ -46,11 +56,12 @@ class OpPath:
     """One operation of the linear-attention layers and the code that runs it."""
 
     op: str  # "gated delta rule"
-    kernel: str | None  # the package whose function runs, with its version; None: the reference
-    install: str  # what brings the kernel
+    kernel: str | None  # the package whose function runs, with its version; None: the fallback
+    fallback: str  # what runs without the kernel
+    advice: str  # what the fallback means on a GPU, and what brings the kernel
 
     def describe(self) -> str:
-        return f"{self.op}: {self.kernel}" if self.kernel else f"{self.op}: PyTorch reference"
+        return f"{self.op}: {self.kernel or self.fallback}"
 
 
 def _layer_types(config: Any) -> list[str]:
@@ -122,10 +133,10 @@ def bound_ops(model_type: str, *, device_type: str = "cuda") -> list[OpPath]:
     CUDA only: on another device the reference runs."""
     module = modeling_module(model_type)
     paths = []
-    for name, (op, install) in _OPS.items():
+    for name, (op, fallback, advice) in _OPS.items():
         fn = getattr(module, name, None)
         kernel = kernel_of(fn) if fn is not None and device_type == "cuda" else None
-        paths.append(OpPath(op=op, kernel=kernel, install=install))
+        paths.append(OpPath(op=op, kernel=kernel, fallback=fallback, advice=advice))
     return paths
 
 
@@ -146,7 +157,5 @@ def describe(config: Any, *, device_type: str = "cuda") -> str | None:
         return line
     if device_type != "cuda":
         return f"{line} (the kernels run on CUDA only)"
-    return (
-        f"{line}. Fallback: transformers' pure-PyTorch reference, much slower than the kernels "
-        f"({DOC}); for the kernels install {' and '.join(p.install for p in missing)}"
-    )
+    advice = "; ".join(f"{p.op}: {p.advice}" for p in missing)
+    return f"{line}. Fallback — {advice} (what it costs: {DOC})"

@@ -55,7 +55,7 @@ def test_a_hybrid_image_text_checkpoint_goes_from_prompts_to_a_served_folder(
     # without the kernels extra, the check and the run's log name the reference that runs
     fallback = (
         "linear attention (Gated DeltaNet) in 2 of 4 target layers: gated delta rule: PyTorch "
-        "reference; causal conv1d: PyTorch reference (the kernels run on CUDA only)"
+        "reference; causal conv1d: PyTorch F.conv1d (the kernels run on CUDA only)"
     )
     assert f"ok: {fallback}" in out.splitlines()
     config = load_config(cfg, [])
