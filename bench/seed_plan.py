@@ -103,6 +103,7 @@ def rates_of(summary: dict[str, Any]) -> Rates | None:
         drafter_s_per_batch=drafter["tokens"] / r_drafter,
         target_device=f"{summary['gpu']}, {_paths(t)}",
         drafter_device=f"{summary['gpu']} ({'default' if d['tokens_per_s'] else 'flash'})",
+        **rank_memory(summary),
     )
 
 
@@ -118,7 +119,7 @@ def rank_memory(summary: dict[str, Any]) -> dict[str, float | None]:
     target = None
     if t["peak_gib"] is not None and t["features_gib"] is not None:
         target = t["peak_gib"] + summary["max_in_flight"] * t["features_gib"]
-    return {"target_rank_gib": target, "drafter_rank_gib": d["peak_gib"]}
+    return {"target_peak_gib": target, "drafter_peak_gib": d["peak_gib"]}
 
 
 def plan_summary(summary: dict[str, Any]) -> dict[str, Any]:

@@ -76,7 +76,8 @@ def test_the_plan_of_eight_gpus_from_given_rates() -> None:
     assert len(splits) == 7 and splits[(6, 2)]["bound_by"] == "drafter"
     assert splits[(4, 4)]["tokens_per_s"] == pytest.approx(17_200)
     assert plan["reports"][4]["best"]["targets"] == 2 and plan["reports"][2]["best"]["targets"] == 1
-    assert plan["memory"] == {"target_rank_gib": 96.0, "drafter_rank_gib": 55.0}
+    assert plan["memory"] == {"target_peak_gib": 96.0, "drafter_peak_gib": 55.0}
+    assert "memory per rank (peak): target 96.0 GiB, drafter 55.0 GiB" in plan["reports"][8]["text"]
     assert summary["target"]["fallback_tokens_per_s"] is None
     assert (
         plan_summary(summary_fields({"target": target["target"]}, {}, max_in_flight=2))[
