@@ -59,6 +59,19 @@ def test_the_smoke_runs_every_stage_and_writes_the_record(tmp_path: Path) -> Non
     assert "plan for 8 GPUs" in run.stdout and "<- best" in run.stdout
 
 
+@pytest.mark.slow
+def test_a_stage_cut_at_its_cap_leaves_the_figures_of_those_before(tmp_path: Path) -> None:
+    out = tmp_path / "seed-size"
+    argv = [sys.executable, str(ROOT / "bench" / "seed_size.py"), "--cpu-smoke", "--out", str(out),
+            "--stages", "target,target-fallback", "--caps", "target-fallback=1"]  # fmt: skip
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["stages"]["target"]["ended"] == "done" and s["target"]["tokens_per_s"] > 0
+    assert s["stages"]["target-fallback"]["ended"] == "cut at its cap of 1 s"
+    assert s["target"]["fallback_tokens_per_s"] is None and not list(out.glob("*.tmp"))
+
+
 def test_the_plan_of_eight_gpus_from_given_rates() -> None:
     """The seed's hand-measured situation (target 4.3 K, drafter 7.2 K tokens/s a GPU): 5 + 3
     is best at min(5 × 4.3 K, 3 × 7.2 K) = 21.5 K, 6 + 2 drafter-bound at 14.4 K; a target rank
