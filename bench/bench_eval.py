@@ -84,6 +84,7 @@ from bench.eval_target import (  # noqa: E402
     target_and_tokenizer,
     windows,
 )
+from bench.records import compact_json, write_json  # noqa: E402
 from trainer.config import (  # noqa: E402
     LossConfig,
     TrainConfigError,
@@ -597,7 +598,7 @@ def recipe(args: argparse.Namespace) -> dict[str, Any]:
 def save_partial(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """The results so far, marked incomplete (the finished run overwrites them)."""
     if args.out:
-        Path(args.out).write_text(json.dumps({**result, "complete": False}, indent=2) + "\n")
+        write_json(args.out, {**result, "complete": False})
 
 
 def demo_cpu(args: argparse.Namespace) -> dict[str, Any]:
@@ -899,10 +900,9 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "python": sys.version.split()[0],
     }
-    text = json.dumps(result, indent=2)
     if args.out:
-        Path(args.out).write_text(text + "\n")
-    print(text)
+        write_json(args.out, result)
+    print(compact_json(result))
     return 0
 
 

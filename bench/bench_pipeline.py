@@ -49,6 +49,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch
 
+from bench.records import write_json
+
 PEAK_BF16 = 989e12
 MEASURED_MATMUL = 790e12
 
@@ -382,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         "rates": asdict(rates),
         "wall_s": time.perf_counter() - t0,
     }
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(table(result))
     return 0
 

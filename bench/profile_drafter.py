@@ -19,7 +19,6 @@ reported, since one inside a layer splits its fused graph.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ from bench.bench_pipeline import (
     train_config,
     write_data,
 )
+from bench.records import write_json
 from trainer.config import ATTENTION_KERNELS
 from trainer.profiling import by_kind, kernel_times
 
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['kind']} | {r['ms_per_step']:.1f} | {100 * r['share']:.1f} % |")
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        write_json(args.out, result)
     return 0
 
 
