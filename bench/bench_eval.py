@@ -1,7 +1,7 @@
 """What a trained drafter is worth: τ by real speculative decoding, held out and on its own
 training prompts, beside prompt lookup on the same target and prompts.
 
-    python bench/bench_eval.py                            # one H200; writes bench/results/h200-eval.json
+    python bench/bench_eval.py                            # one H200; writes bench/results/eval/eval.json
     python bench/bench_eval.py --samples 65536 --drafter-steps 1600 --out eval.json  # one point
     python bench/bench_eval.py --reuse-target --train-data DIR,DIR2   # data made elsewhere
     python bench/bench_eval.py --gen-temperatures 0,0.8 --prepare-only # target + data, then stop
@@ -104,7 +104,7 @@ from trainer.shards import ShardSamples  # noqa: E402
 from trainer.speculative import evaluate, greedy_outputs  # noqa: E402
 from trainer.target import Target, load_target  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results" / "h200-eval.json"
+RESULTS = ROOT / "bench" / "results" / "eval" / "eval.json"
 
 
 def write_prompts(path: Path, prompts: torch.Tensor) -> None:

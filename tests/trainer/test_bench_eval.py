@@ -362,7 +362,7 @@ def test_summary_reads_results_written_before_the_export_was_measured() -> None:
     """A stored H200 result without `exported`: its row says so instead of failing the table."""
     from bench.compare_recipes import load_results, summary
 
-    stored = REPO / "bench" / "results" / "h200-unseen-prompts" / "sources"
+    stored = REPO / "bench" / "results" / "prompt-sources-h200"
     results = load_results(stored, ["target-files", "unseen-files"])
     rows = summary(results)
     assert len(rows) == 2 + 2

@@ -122,6 +122,9 @@ def test_every_shipped_recipe_file_reads_as_bench_eval_options() -> None:
     for smoke in ((), ("--smoke",)):
         checked = recipes("check", *smoke, *files, timeout=300)
         assert checked.returncode == 0, checked.stderr
+    for path in RECIPES.glob("*.toml"):  # each file's run on record, where it was run
+        record = load_plan(path).record
+        assert record is None or (REPO / record / "README.md").is_file(), (path, record)
 
 
 def test_a_setting_beside_the_default_seed_by_seed() -> None:

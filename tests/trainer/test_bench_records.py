@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,59 @@ def test_summarize_folds_a_log_into_its_json_or_a_new_one(tmp_path: Path) -> Non
         capture_output=True, text=True,
     )  # fmt: skip
     assert missing.returncode == 2 and "x.log: no such file" in missing.stderr
+
+
+RESULTS = REPO / "bench" / "results"
+
+
+def tracked(*patterns: str) -> list[Path]:
+    """The repository's files git tracks (or would: untracked, not ignored) matching `patterns`."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", *patterns],
+        capture_output=True, text=True, cwd=REPO, check=True,
+    )  # fmt: skip
+    return [REPO / line for line in listed.stdout.splitlines() if (REPO / line).is_file()]
+
+
+def test_every_record_has_a_readme_and_keeps_no_raw_log_over_50_kb() -> None:
+    records = [p for p in RESULTS.iterdir() if p.is_dir()]
+    assert len(records) >= 20
+    for record in records:
+        readme = (record / "README.md").read_text()
+        assert readme.startswith("# "), record
+        assert re.search(r"\b20\d\d-\d\d-\d\d\b", readme), f"{record}: no date in its README"
+        assert "**Finding.**" in readme, record
+    for path in tracked("bench/results"):
+        assert path.stat().st_size <= 50_000, path
+        if path.suffix == ".json":
+            json.loads(path.read_text())
+
+
+def test_every_record_the_repository_names_exists() -> None:
+    named = re.compile(r"bench/results/[a-z0-9][a-z0-9._/-]*[a-z0-9/]")
+    for path in tracked("*.md", "*.py", "*.toml", "*.sh"):
+        for found in named.findall(path.read_text(errors="replace")):
+            assert (REPO / found).exists(), f"{path.relative_to(REPO)} names {found}"
+
+
+def anchor(heading: str) -> str:
+    """The fragment a markdown viewer gives a heading (GitHub's rule)."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_in_the_docs_lead_somewhere() -> None:
+    """Every relative `[text](path#anchor)` in a tracked markdown file names a file that exists
+    and, for a markdown file, a heading it has."""
+    link = re.compile(r"\]\(([^)\s]+)\)")
+    for doc in tracked("*.md"):
+        for target in link.findall(doc.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # http:, https:, mailto:
+            path, _, fragment = target.partition("#")
+            where = (doc.parent / path).resolve() if path else doc
+            assert where.exists(), f"{doc.relative_to(REPO)}: {target}"
+            if fragment and where.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", where.read_text(), re.M)
+                assert fragment in {anchor(h) for h in headings}, (
+                    f"{doc.relative_to(REPO)}: {target}"
+                )
