@@ -482,7 +482,7 @@ def drafter_steps(
     return dict.fromkeys(plan, steps), step_s
 
 
-DEFAULT_UNSEEN_EVERY = 4  # a new target's split: answers to kept files carry over (benchmarks.md)
+DEFAULT_UNSEEN_EVERY = 4  # kept files' answers carry over: bench/results/prompt-sources-h200
 DEFAULT_EPOCHS = 3  # a point's default steps: 3 passes over its samples…
 MIN_STEPS = 600  # …and at least this many (the 2,048-sample point memorises: 37 epochs)
 
