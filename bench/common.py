@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -19,6 +20,15 @@ from bench.records import write_json  # noqa: E402
 
 GIB = float(1 << 30)
 ANCHOR_TFLOPS = 790.0  # bf16 matrix rate measured on an H200 (anchors/h200.md)
+
+
+def help_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A script's parser whose `--help` is the script's docstring: its first paragraph, the
+    options, then the rest as written (the commands, the rows and columns, the goals)."""
+    head, _, rest = (doc or "").strip().partition("\n\n")
+    return argparse.ArgumentParser(
+        description=head, epilog=rest or None, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
 
 
 def repo_on_path() -> None:

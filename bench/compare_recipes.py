@@ -35,7 +35,7 @@ BENCH = ROOT / "bench" / "bench_eval.py"
 if str(ROOT) not in sys.path:  # the trainer package, when run as a script
     sys.path.insert(0, str(ROOT))
 
-from bench.common import log  # noqa: E402
+from bench.common import help_parser, log  # noqa: E402
 
 
 def parse_recipe(text: str) -> tuple[str, str]:
@@ -204,12 +204,15 @@ def percents(rates: list[float] | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = help_parser(__doc__)
     p.add_argument("--work", required=True, help="the shared target and data")
     p.add_argument("--out", required=True, help="folder for <recipe>.json and .log")
     p.add_argument("--prepare", default="", help="bench_eval.py arguments of the preparation")
     p.add_argument("--skip-prepare", action="store_true", help="the target and data exist")
-    p.add_argument("--recipe", type=parse_recipe, action="append", required=True)
+    p.add_argument(
+        "--recipe", type=parse_recipe, action="append", required=True,
+        help="'NAME: bench_eval.py options' (repeatable; {work} is --work)",
+    )  # fmt: skip
     p.add_argument(
         "--one-at-a-time", action="store_true",
         help="run the recipes one after another in the order given, the summary rewritten "

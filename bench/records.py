@@ -125,10 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("compact", help="rewrite JSON files compactly").add_argument(
-        "files", nargs="+", type=Path
+        "files", nargs="+", type=Path, help="JSON files, rewritten in place"
     )
     sub.add_parser("summarize", help="fold logs into their JSON").add_argument(
-        "files", nargs="+", type=Path
+        "files", nargs="+", type=Path, help="logs: each into the .json of its name, then removed"
     )
     args = p.parse_args(argv)
     for path in args.files:
