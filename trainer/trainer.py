@@ -112,9 +112,7 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)  # the drafter's initial weights: the same in every run
         self.drafter_worker = source.drafter_worker(cfg)
         self.emit(self.drafter_worker.drafter.describe())
-        note = compile_note(
-            drafter=self.drafter_worker.compiled, target=cfg.run.compiles_target_on(self.device)
-        )
+        note = compile_note(drafter=self.drafter_worker.compiled, target=source.target_compiled())
         if note:
             self.emit(note)
         if state is not None and found.path is not None:
