@@ -298,10 +298,13 @@ def bench_follow(where: Where, count: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--lines", type=int, default=20)
+    head, _, rest = __doc__.partition("\n\n")
+    parser = argparse.ArgumentParser(
+        description=head, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True, help="write the results as JSON here")
+    parser.add_argument("--reps", type=int, default=3, help="CLI deploys per place (median)")
+    parser.add_argument("--lines", type=int, default=20, help="lines followed per place")
     args = parser.parse_args()
 
     os.environ.pop("SSH_AUTH_SOCK", None)

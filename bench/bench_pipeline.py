@@ -38,6 +38,9 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch
 
+from bench.common import help_parser
+from bench.records import write_json
+
 PEAK_BF16 = 989e12
 MEASURED_MATMUL = 790e12
 
@@ -288,7 +291,7 @@ def colocated_rate(config, target, device: torch.device, *, warmup: int, timed: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = help_parser(__doc__)
     parser.add_argument("--out", required=True, help="results JSON")
     parser.add_argument(
         "--smoke", action="store_true", help="CPU, tiny shapes (a check, not a benchmark)"
@@ -371,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         "rates": asdict(rates),
         "wall_s": time.perf_counter() - t0,
     }
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(table(result))
     return 0
 

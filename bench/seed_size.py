@@ -45,6 +45,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import help_parser
 from bench.seed_plan import plan_summary, summary_fields
 from bench.seed_stages import read_json, say, write_json
 
@@ -228,7 +229,7 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = help_parser(__doc__)
     parser.add_argument("--out", required=True, help="folder for summary.json and the stages")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU")
     parser.add_argument("--budget-s", type=float, default=520, help="all stages together")

@@ -41,7 +41,7 @@ def test_seed_node_prefers_five_plus_three() -> None:
     assert (best.targets, best.drafters) == (5, 3)
 
 
-# docs/benchmarks.md, "Target/drafter split": one H200, Qwen3-8B-shaped target, 5-layer drafter
+# bench/results/split/: one H200 a role, Qwen3-8B-shaped target, 5-layer drafter
 H200_RATES = (30_156.0, 24_982.0)
 
 
