@@ -12,6 +12,7 @@ to train on the comparison's data when its training entry does not run on the ma
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -198,6 +199,7 @@ def train(settings: Settings, why: str) -> dict[str, Any]:
             log(f"specforge modules: step {i + 1}/{settings.steps} loss {value:.4f}")
     wall = time.perf_counter() - started
     out = specforge_folder(settings)
+    shutil.rmtree(out, ignore_errors=True)
     model.draft_model.save_pretrained(str(out))
     return {
         "ok": True,

@@ -53,6 +53,14 @@ def importable() -> str | None:
     return None
 
 
+def failure(exc: BaseException) -> str:
+    """One line: the exception and the innermost place it came from."""
+    where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    place = f" ({where[0].filename}:{where[0].lineno}, in {where[0].name})" if where else ""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}{place}"
+
+
 def folder(settings: Settings) -> Path:
     return settings.root / "specforge"
 
@@ -90,7 +98,10 @@ def capture(settings: Settings) -> dict[str, Any]:
     log(
         f"captured {len(samples):,} samples' features ({written / 2**30:.2f} GiB) in {seconds:.1f} s"
     )
-    return {"samples": len(samples), "bytes": written, "seconds": seconds, "folder": str(out)}
+    return {
+        "ok": True, "samples": len(samples), "bytes": written, "seconds": seconds,
+        "folder": str(out),
+    }  # fmt: skip
 
 
 # ---- 2. its training entry ---------------------------------------------------------------------
@@ -147,48 +158,82 @@ def run_entry(config: Path) -> tuple[str | None, str]:
             if code:
                 error = f"specforge train exited with {code}"
         except BaseException as exc:  # its failure is a result here, not the end of the run
-            trace = traceback.format_exception(exc)
-            error = "".join(trace[-3:]).strip()
+            traceback.print_exc()
+            error = failure(exc)
     return error, tee.kept.getvalue()
 
 
 def train(settings: Settings) -> dict[str, Any]:
     """Its entry at `settings.specforge_sharding`, then once more with NO_SHARD (plain DDP)
-    if that fails; its export of the first run that finishes."""
+    if that run fails or its checkpoint does not export; the figures of the run whose export
+    the evaluation reads (`trained`: the first run that trained, when none exported)."""
+    root = folder(settings)
+    shutil.rmtree(specforge_folder(settings), ignore_errors=True)  # a previous run's export
+    draft = root / "draft_config.json"
+    draft.write_text(json.dumps(draft_config(settings), indent=2) + "\n")
+    attempts: list[dict[str, Any]] = []
+    for sharding in dict.fromkeys([settings.specforge_sharding, "NO_SHARD"]):
+        attempt = attempt_run(settings, sharding, draft)
+        attempts.append(attempt)
+        if attempt["error"] is None and exported(attempt, draft, specforge_folder(settings)):
+            break
+    trained = [a for a in attempts if a["error"] is None]
+    chosen = next((a for a in trained if "export" in a), trained[0] if trained else None)
+    return {
+        "ok": chosen is not None,
+        "trained": chosen,
+        "attempts": attempts,
+        "draft_config": str(draft),
+        "interop": interop(settings) if chosen and "export" in chosen else None,
+        "version": _version(),
+    }
+
+
+def attempt_run(settings: Settings, sharding: str, draft: Path) -> dict[str, Any]:
+    """One `specforge train` at `sharding`: its error (None: it finished), wall time, peak
+    memory, logged steps and their steady state."""
     import yaml  # SpecForge's own config format
 
     device = torch.device(settings.device)
     root = folder(settings)
-    draft = root / "draft_config.json"
-    draft.write_text(json.dumps(draft_config(settings), indent=2) + "\n")
+    out = root / f"out-{sharding.lower()}"
+    shutil.rmtree(out, ignore_errors=True)
     samples = len(list((root / "features").glob("*.ckpt")))
-    attempts: list[dict[str, Any]] = []
-    for sharding in dict.fromkeys([settings.specforge_sharding, "NO_SHARD"]):
-        out = root / f"out-{sharding.lower()}"
-        shutil.rmtree(out, ignore_errors=True)
-        cfg = specforge_run(
-            settings, features=root / "features", draft=draft, out=out, sharding=sharding,
-            samples=samples,
-        )  # fmt: skip
-        path = root / f"run-{sharding.lower()}.yaml"
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        t0 = time.perf_counter()
-        error, printed = run_entry(path)
-        attempt: dict[str, Any] = {"sharding": sharding, "config": str(path), "error": error}
-        attempt |= {"wall_s": time.perf_counter() - t0, "peak_gib": peak_gib(device)}
-        rows = step_rows(printed)
-        attempt |= {"rows": rows, "steady": steady(windows(rows), settings.warm_steps)}
-        attempts.append(attempt)
-        log(f"specforge train ({sharding}): {'done' if error is None else error}")
-        if error is None:
-            attempt["export"] = export(out, draft, specforge_folder(settings))
-            return {
-                "ok": True, "attempts": attempts, "draft_config": str(draft),
-                "interop": interop(settings), "version": _version(),
-            }  # fmt: skip
-    return {"ok": False, "attempts": attempts, "draft_config": str(draft), "version": _version()}
+    cfg = specforge_run(
+        settings, features=root / "features", draft=draft, out=out, sharding=sharding,
+        samples=samples,
+    )  # fmt: skip
+    path = root / f"run-{sharding.lower()}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    error, printed = run_entry(path)
+    rows = step_rows(printed)
+    log(f"specforge train ({sharding}): {'done' if error is None else error}")
+    return {
+        "sharding": sharding, "config": str(path), "out": str(out), "error": error,
+        "wall_s": time.perf_counter() - t0, "peak_gib": peak_gib(device), "rows": rows,
+        "steady": steady(windows(rows), settings.warm_steps),
+    }  # fmt: skip
+
+
+def exported(attempt: dict[str, Any], draft: Path, to: Path) -> bool:
+    """Its exporter (`specforge export --to hf`) on the run's last checkpoint; a failure is
+    recorded in `attempt`."""
+    from specforge.export.to_hf import export_to_hf
+
+    checkpoint = (Path(attempt["out"]) / "peer-latest").resolve()
+    shutil.rmtree(to, ignore_errors=True)
+    try:
+        export_to_hf(str(checkpoint), str(draft), str(to))
+    except Exception as exc:  # its exporter failing is a finding, recorded
+        traceback.print_exc()
+        attempt["export_error"] = failure(exc)
+        log(f"specforge export failed: {attempt['export_error']}")
+        return False
+    attempt["export"] = {"checkpoint": str(checkpoint), "folder": str(to)}
+    return True
 
 
 def interop(settings: Settings) -> dict[str, Any]:
@@ -201,7 +246,8 @@ def interop(settings: Settings) -> dict[str, Any]:
     try:
         return on_training_data(found, settings)
     except Exception as exc:  # recorded beside the figures
-        return {"error": "".join(traceback.format_exception(exc)[-3:]).strip()}
+        traceback.print_exc()
+        return {"error": failure(exc)}
 
 
 def _version() -> str | None:
@@ -211,16 +257,6 @@ def _version() -> str | None:
         return version("specforge")
     except PackageNotFoundError:
         return None
-
-
-def export(out: Path, draft: Path, to: Path) -> dict[str, Any]:
-    """Its exporter (`specforge export --to hf`) on the run's last checkpoint."""
-    from specforge.export.to_hf import export_to_hf
-
-    checkpoint = out / "peer-latest"
-    shutil.rmtree(to, ignore_errors=True)
-    export_to_hf(str(checkpoint.resolve()), str(draft), str(to))
-    return {"checkpoint": str(checkpoint.resolve()), "folder": str(to)}
 
 
 def stage(settings: Settings, name: str) -> None:

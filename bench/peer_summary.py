@@ -101,11 +101,19 @@ def _entry(settings: Settings) -> tuple[str, dict[str, Any] | None]:
     """(what of SpecForge was measured, its training figures' stage result)."""
     train = read_stage(settings, "specforge-train")
     if train and train.get("ok"):
-        attempt = next(a for a in train["attempts"] if a["error"] is None)
+        attempt = train["trained"]
         how = (
             "its own training entry: specforge train (offline features from the same "
-            f"target, training.fsdp_sharding={attempt['sharding']}), exported by its exporter"
+            f"target, training.fsdp_sharding={attempt['sharding']})"
         )
+        how += (
+            ", exported by its exporter"
+            if "export" in attempt
+            else f"; its exporter failed: {attempt.get('export_error')}"
+        )
+        failed = [a["sharding"] for a in train["attempts"] if a["error"]]
+        if failed:
+            how += f" (with {', '.join(failed)} it failed: see stages/specforge-train.json)"
         return how, {**attempt, "interop": train.get("interop"), "version": train.get("version")}
     modules = read_stage(settings, "specforge-modules")
     if modules and modules.get("ok"):

@@ -30,9 +30,10 @@ def installable() -> list[Path]:
     return sorted(w for w in WHEELS.glob("*.whl") if parse_wheel_filename(w.name)[3] & tags)
 
 
-def install(into: Path) -> Path | None:
-    """The installable wheels in `into` (None without SpecForge's)."""
-    wheels = installable()
+def install(into: Path, *, leave_out: tuple[str, ...] = ()) -> Path | None:
+    """The installable wheels in `into`, but those of the distributions in `leave_out` (None
+    without SpecForge's)."""
+    wheels = [w for w in installable() if not w.name.startswith(tuple(f"{n}-" for n in leave_out))]
     if not any(w.name.startswith("specforge-") for w in wheels):
         return None
     subprocess.run(

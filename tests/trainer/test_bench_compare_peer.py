@@ -117,3 +117,26 @@ def test_with_specforge_both_trainers_run_on_the_same_work(
     stages = summary["stages"]
     assert {stages["prepare"]["status"], stages["ours-train"]["status"]} <= {"reused", "done"}
     assert stages["specforge-train"]["status"] == "done" and "specforge-modules" not in stages
+
+
+@pytest.mark.slow
+def test_when_its_entry_fails_its_modules_train_from_our_data_loop(
+    work: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Its training entry imports accelerate (`specforge.cli._train`): without it the entry
+    fails, and its draft model, loss and optimizer train from ours' batches instead."""
+    site = install(tmp_path_factory.mktemp("peer-site"), leave_out=("accelerate",))
+    if site is None:
+        pytest.skip(FETCH)
+    if importlib.util.find_spec("accelerate") is not None:
+        pytest.skip("accelerate is importable here: the entry would not fail")
+    out = tmp_path_factory.mktemp("out")
+    _, summary = compare(work, out, "--resume", "--peer-site", str(site))
+    measured = summary["measured"]
+    assert measured.startswith("its modules (DFlashDraftModel, OnlineDFlashModel, BF16Optimizer)")
+    assert "ModuleNotFoundError: No module named 'accelerate'" in measured
+    theirs = summary["specforge"]
+    assert theirs["tokens_per_s"] > 0 and 1.0 <= theirs["tau"] <= BLOCK  # its folder, in ours
+    assert summary["tau_difference"]["prompts"] == 2
+    assert summary["stages"]["specforge-modules"]["status"] == "done"
+    assert summary["interop"] is None  # measured after its own entry only
