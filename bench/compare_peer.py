@@ -71,6 +71,7 @@ STAGES = [
     Stage("specforge-step", 150, peer=True),
 ]
 TRAINING = ("ours-train", "specforge-capture", "ours-step")  # reused by --resume when ok
+STEP_ROWS = ("ours-step", "specforge-step")  # need neither the target nor the data
 PREPARE_CAP_S = 240
 MIN_STAGE_S = 30  # a stage with less time left is skipped, not started
 
@@ -268,22 +269,28 @@ def compare(args: argparse.Namespace) -> int:
         "seconds": 0.0,
     }
     log(f"SpecForge {'absent (' + missing + '): ours only' if missing else 'present'}")
-    if not run.prepare(args):
+    stages = args.stages or ["prepare", *(s.name for s in STAGES)]
+    if set(stages) - set(STEP_ROWS) and not run.prepare(args):
         return 1
     by_name = {s.name: s for s in STAGES}
-    ours = run.stage(by_name["ours-train"]) == "done"
+
+    def go(name: str, why: str = "") -> str:
+        return run.stage(by_name[name], why) if name in stages else "not asked"
+
+    go("ours-train")
     if not missing:
-        run.stage(by_name["specforge-capture"])
-        if run.stage(by_name["specforge-train"]) != "done" or not (
-            read_stage(settings, "specforge-train") or {}
-        ).get("ok"):
+        go("specforge-capture")
+        trained = go("specforge-train") == "done"
+        entry_ok = (read_stage(settings, "specforge-train") or {}).get("ok")
+        if "specforge-train" in stages and not (trained and entry_ok):
             run.stage(by_name["specforge-modules"], why=entry_failure(settings))
-    run.stage(by_name["evaluate"])
-    run.stage(by_name["reference"])
-    if ours:
-        run.stage(by_name["ours-step"])
+        elif "specforge-train" not in stages:
+            go("specforge-modules", why="asked for (--stages)")
+    go("evaluate")
+    go("reference")
+    go("ours-step")
     if not missing:
-        run.stage(by_name["specforge-step"])
+        go("specforge-step")
     run.write()
     return 0
 
@@ -378,6 +385,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="reuse --work's target, data and finished training stages",
     )
+    p.add_argument(
+        "--stages",
+        type=stage_list,
+        default=None,
+        help="only these, comma-separated, in their order (e.g. ours-step,specforge-step: the "
+        "8B-shaped rows alone, without the target and data)",
+    )
     p.add_argument("--stage", default=None, help=argparse.SUPPRESS)
     p.add_argument("--settings", default=None, help=argparse.SUPPRESS)
     p.add_argument("--why", default=None, help=argparse.SUPPRESS)
@@ -390,6 +404,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.stage is None and args.steps is not None and args.steps < 2:
         p.error("--steps: at least 2")
     return args
+
+
+def stage_list(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    known = ["prepare", *(s.name for s in STAGES)]
+    unknown = [n for n in names if n not in known]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown stage {', '.join(unknown) or text!r}: pick from {', '.join(known)}"
+        )
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:

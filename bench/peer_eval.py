@@ -77,6 +77,8 @@ def evaluate(settings: Settings) -> dict[str, Any]:
     )  # fmt: skip
     lookup = lookup_baseline(target, prompts, options, expected)
     rows: dict[str, Any] = {}
+    result = evaluation(len(prompts), expected, lookup, rows)
+    write_stage(settings, "evaluate", result)  # what is done so far stays if the stage is stopped
     for name, folder in folders(settings).items():
         layers = list(read_config(folder)["dflash_config"]["target_layer_ids"])
         if layers != target.layers:
@@ -84,9 +86,17 @@ def evaluate(settings: Settings) -> dict[str, Any]:
         drafter, _ = load_folder(folder, device=device)
         log(f"{name}, held out ({folder}):")
         block = trained_block(target, drafter)
-        rows[name] = {**measure(target, block, prompts, settings.max_new_tokens, expected=expected)}
+        rows[name] = measure(target, block, prompts, settings.max_new_tokens, expected=expected)
+        result = evaluation(len(prompts), expected, lookup, rows)
+        write_stage(settings, "evaluate", result)
+    return result
+
+
+def evaluation(
+    prompts: int, expected: list[list[int]], lookup: dict[str, Any], rows: dict[str, Any]
+) -> dict[str, Any]:
     return {
-        "prompts": len(prompts),
+        "prompts": prompts,
         "expected": expected,
         "prompt_lookup": lookup,
         "drafters": rows,
@@ -138,9 +148,9 @@ def _keep_length_cache() -> type:
 
 
 def reference(settings: Settings) -> dict[str, Any]:
+    """Both drafters on each prompt in turn until `reference_seconds`; the result so far is
+    written after every prompt (a stage stopped midway keeps complete pairs)."""
     from transformers import AutoModelForCausalLM
-
-    from trainer.tau_bootstrap import tau_interval
 
     device = torch.device(settings.device)
     if not settings.reference or not Path(settings.reference).is_file():
@@ -174,8 +184,21 @@ def reference(settings: Settings) -> dict[str, Any]:
             counts[name].append((sum(lengths), len(lengths)))
             if expected is not None:
                 same[name] += out.output_ids[0, len(prompt) :].tolist() == expected[i]
+        write_stage(settings, "reference", reference_result(settings, counts, same, expected))
+    log(f"reference loop: {len(next(iter(counts.values()), []))} of {len(prompts)} prompts")
+    return reference_result(settings, counts, same, expected)
+
+
+def reference_result(
+    settings: Settings,
+    counts: dict[str, list[tuple[int, int]]],
+    same: dict[str, int],
+    expected: list[list[int]] | None,
+) -> dict[str, Any]:
+    """τ of each drafter over the prompts decoded so far, and their paired difference."""
+    from trainer.tau_bootstrap import tau_interval
+
     done = len(next(iter(counts.values()), []))
-    log(f"reference loop: {done} of {len(prompts)} prompts")
     rows = {
         name: {
             "tau": sum(t for t, _ in c) / max(1, sum(p for _, p in c)),
