@@ -5,10 +5,11 @@ same target, data, drafter shape, anchors, batch, schedule and steps.
     python bench/compare_peer.py --peer-site /tmp/peer-site --out $OUT/peer-specforge  # one H200
     python bench/compare_peer.py --smoke --out /tmp/peer        # CPU, tiny shapes: checks the path
 
-Each stage is its own process (its peak memory is its own; SpecForge's packages are on the path
-of its stages only, `--peer-site`), run in this order, each within what is left of `--budget-s`
-(a stage that overruns is stopped; what finished stays), `summary.json` and `summary.md`
-rewritten after every stage:
+Results in `--out`: `summary.json`, `summary.md`, `stages/<stage>.json` (each stage's own
+figures), `logs/<stage>.log`. Each stage is its own process (its peak memory is its own;
+SpecForge's packages are on the path of its stages only, `--peer-site`), run in this order,
+each within what is left of `--budget-s` (a stage that overruns is stopped; what finished
+stays), the summary rewritten after every stage:
 1. `prepare`: the evaluation benchmark's target and its generated answers (`bench_eval.py
    --prepare-only`, smaller: `--samples`, `--target-steps`);
 2. `ours-train`: this project's trainer on those answers (`bench/peer_ours.py`), exported;
@@ -32,6 +33,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,7 +48,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import log  # noqa: E402
-from bench.peer_common import Settings, read_stage, stage_path  # noqa: E402
+from bench.peer_common import Settings, read_stage, specforge_folder, stage_path  # noqa: E402
 from bench.peer_summary import summarize  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
@@ -198,6 +200,10 @@ class Run:
         from bench.peer_summary import markdown
 
         (self.out / "summary.md").write_text(markdown(summary) + "\n")
+        raw = self.out / "stages"  # every stage's own result, beside the summary made of them
+        raw.mkdir(exist_ok=True)
+        for path in (self.settings.root / "stages").glob("*.json"):
+            shutil.copyfile(path, raw / path.name)
 
     def prepare(self, args: argparse.Namespace) -> bool:
         if self.resume and (self.settings.root / "prepare.json").is_file():
@@ -269,6 +275,11 @@ def compare(args: argparse.Namespace) -> int:
         "seconds": 0.0,
     }
     log(f"SpecForge {'absent (' + missing + '): ours only' if missing else 'present'}")
+    if missing:  # a resumed --work may hold an earlier run's SpecForge results: not this run's
+        for stage in STAGES:
+            if stage.name.startswith("specforge-"):
+                stage_path(settings, stage.name).unlink(missing_ok=True)
+        shutil.rmtree(specforge_folder(settings), ignore_errors=True)
     stages = args.stages or ["prepare", *(s.name for s in STAGES)]
     if set(stages) - set(STEP_ROWS) and not run.prepare(args):
         return 1
