@@ -30,7 +30,6 @@ Every setting where the two differ is listed in the summary with the reason
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -47,12 +46,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import log  # noqa: E402
+from bench.common import help_parser, log  # noqa: E402
 from bench.peer_common import Settings, read_stage, specforge_folder, stage_path  # noqa: E402
 from bench.peer_summary import summarize  # noqa: E402
+from bench.records import write_json  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
-RESULTS = ROOT / "bench" / "results" / "peer-specforge"
 
 
 @dataclass(frozen=True)
@@ -196,7 +195,7 @@ class Run:
     def write(self) -> None:
         summary = summarize(self.settings, self.status, self.command)
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        write_json(self.out / "summary.json", summary)
         from bench.peer_summary import markdown
 
         (self.out / "summary.md").write_text(markdown(summary) + "\n")
@@ -346,8 +345,10 @@ def child(args: argparse.Namespace) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=str(RESULTS), help="summary.json, summary.md, logs/")
+    p = help_parser(__doc__)
+    p.add_argument(
+        "--out", default=None, help="folder for summary.json, summary.md, stages/, logs/"
+    )
     p.add_argument(
         "--work", default="/tmp/dflash-compare-peer", help="target, data, features, runs"
     )
@@ -412,6 +413,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     if args.reference is None and args.stage is None:
         args.reference = default_reference()
+    if args.stage is None and not args.out:
+        p.error("--out: the folder for the summary, e.g. --out /tmp/peer")
     if args.stage is None and args.steps is not None and args.steps < 2:
         p.error("--steps: at least 2")
     return args

@@ -82,9 +82,14 @@ def stage_path(settings: Settings, name: str) -> Path:
 
 
 def write_stage(settings: Settings, name: str, result: dict[str, Any]) -> None:
+    """The stage's result, one report a line (`bench.records`: kept as it is in a record)."""
+    from bench.records import write_json
+
     path = stage_path(settings, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    tmp = path.with_suffix(".tmp")  # a stage stopped mid-write leaves the last whole file
+    write_json(tmp, result)
+    tmp.replace(path)
 
 
 def read_stage(settings: Settings, name: str) -> dict[str, Any] | None:

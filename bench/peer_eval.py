@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from bench.common import log
-from bench.peer_common import Settings, ours_folder, read_stage, specforge_folder, write_stage
+from bench.peer_common import Settings, ours_folder, specforge_folder, write_stage
 from bench.peer_recipe import target_layers
 
 DRAFTERS = ("ours", "specforge")
@@ -71,13 +71,14 @@ def evaluate(settings: Settings) -> dict[str, Any]:
     target.model.to(device)  # type: ignore[arg-type]  # fp32, as bench_eval measures
     prompts = held_out_prompts(settings)
     expected = greedy_outputs(target, prompts, settings.max_new_tokens)
+    expected_path(settings).write_text(json.dumps(expected) + "\n")  # the reference loop's check
     options = argparse.Namespace(
         block_size=settings.block_size, lookup_max_n=settings.lookup_max_n,
         max_new_tokens=settings.max_new_tokens,
     )  # fmt: skip
     lookup = lookup_baseline(target, prompts, options, expected)
     rows: dict[str, Any] = {}
-    result = evaluation(len(prompts), expected, lookup, rows)
+    result = evaluation(len(prompts), lookup, rows)
     write_stage(settings, "evaluate", result)  # what is done so far stays if the stage is stopped
     for name, folder in folders(settings).items():
         layers = list(read_config(folder)["dflash_config"]["target_layer_ids"])
@@ -87,17 +88,19 @@ def evaluate(settings: Settings) -> dict[str, Any]:
         log(f"{name}, held out ({folder}):")
         block = trained_block(target, drafter)
         rows[name] = measure(target, block, prompts, settings.max_new_tokens, expected=expected)
-        result = evaluation(len(prompts), expected, lookup, rows)
+        result = evaluation(len(prompts), lookup, rows)
         write_stage(settings, "evaluate", result)
     return result
 
 
-def evaluation(
-    prompts: int, expected: list[list[int]], lookup: dict[str, Any], rows: dict[str, Any]
-) -> dict[str, Any]:
+def expected_path(settings: Settings) -> Path:
+    """The target's own greedy outputs of the held-out prompts (kept apart from the figures)."""
+    return settings.root / "greedy-outputs.json"
+
+
+def evaluation(prompts: int, lookup: dict[str, Any], rows: dict[str, Any]) -> dict[str, Any]:
     return {
         "prompts": prompts,
-        "expected": expected,
         "prompt_lookup": lookup,
         "drafters": rows,
         "ours_minus_specforge": paired(rows.get("ours"), rows.get("specforge")),
@@ -167,7 +170,8 @@ def reference(settings: Settings) -> dict[str, Any]:
     }
     eos = hf.config.eos_token_id
     stop = [eos] if isinstance(eos, int) else list(eos or [])
-    expected = (read_stage(settings, "evaluate") or {}).get("expected")
+    found = expected_path(settings)
+    expected = json.loads(found.read_text()) if found.is_file() else None
     prompts = held_out_prompts(settings)[: settings.reference_prompts]
     counts: dict[str, list[tuple[int, int]]] = {name: [] for name in drafts}
     same = dict.fromkeys(drafts, 0)
