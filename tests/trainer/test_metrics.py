@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -220,3 +221,44 @@ def test_a_torn_row_left_by_a_kill_costs_the_next_start_no_row(tmp_path, assets)
     assert any(f"moved to {out / ASIDE}" in line for line in lines), lines
     (aside,) = (out / ASIDE).iterdir()
     assert (aside / "metrics.jsonl").read_text().endswith('{"step": 4, "loss": 0.1')
+
+
+@pytest.mark.slow  # ~40 s on a loaded 2-core machine: up to four starts of the trainer
+@pytest.mark.parametrize("seed", range(3))
+def test_kill_chains_at_random_moments_leave_one_series(tmp_path, assets, seed: int) -> None:  # noqa: F811
+    """One to three interruptions at random moments (SIGKILL, or SIGINT/SIGTERM, sometimes
+    followed by SIGKILL), each a few rows into a start, then a start that runs to the end."""
+    rng = random.Random(seed)
+    config = write_toml(tmp_path / "c.toml", assets)
+    Trainer(tiny_config(assets, run={"steps": 1}), tmp_path / "warm", emit=lambda _: None)
+    out, steps = tmp_path / "run", 12
+    sets = (
+        f"run.steps={steps}",
+        "run.log_every=1",
+        f"run.checkpoint_every={rng.choice([2, 3, 5])}",
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    for _ in range(rng.randint(1, 3)):
+        rows = len(steps_of(out / "metrics.jsonl")) if (out / "metrics.jsonl").is_file() else 0
+        proc = subprocess.Popen(trainer_argv(config, out, *sets), env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        ready = rows_at_least(out, rows + rng.randint(1, 3))
+        end = time.monotonic() + 180
+        while not ready() and proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.002)
+        time.sleep(rng.random() * 0.2)
+        proc.send_signal(
+            rng.choice([signal.SIGKILL, signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
+        )
+        if rng.random() < 0.3:
+            time.sleep(rng.random() * 0.3)
+            proc.kill()
+        proc.wait()
+    done = subprocess.run(trainer_argv(config, out, *sets), env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert steps_of(out / "metrics.jsonl") == list(range(1, steps + 1))
+    if available():
+        assert [s for s, _ in scalars(out / "tensorboard")["loss/total"]] == list(
+            range(1, steps + 1)
+        )
