@@ -409,6 +409,11 @@ def _failure(
     ):
         when = "during the SSH handshake" if received else "before saying anything"
         return ConnectionDropped(f"{where} closed the connection {when} ({_dropped(exc)})")
+    if "Authentication timeout" in reason:  # paramiko's: the server went silent, no refusal
+        return ConnectionDropped(
+            f"{where} stopped answering during the SSH handshake (no answer to the "
+            f"authentication within ConnectTimeout, {target.connect_timeout:g} s)"
+        )
     key_files, use_agent = offered
     if isinstance(exc, paramiko.PasswordRequiredException):
         return AuthenticationFailed(
