@@ -42,7 +42,7 @@ SAID = {
 }
 
 # What the place may be left with once the program had reached a step (it goes on from there
-# until it sees its connection closed).
+# until it sees its connection closed); after a `switch` step, `current` has moved too.
 LEFT = {
     "start-up": "nothing had changed there yet",
     "tmux": "nothing had changed there yet",
@@ -52,13 +52,15 @@ LEFT = {
     "nothing else had changed",
     "check": "the new release may be there, unused; nothing else had changed",
     "switch": "`current` may point at the new release while the job still runs the old one",
-    "prune": "`current` points at the new release while the job still runs the old one",
+    "prune": "the job still runs the old release; old releases may have been removed",
     "current": "nothing had changed there yet",
     "stop": "the job may be stopped (its checkpoint saved) or still stopping",
     "archive": "the job is stopped; its checkpoints may have been archived",
     "start": "the job is stopped; the new one may have started",
     "done": "the command had finished there",
 }
+SWITCHED = "`current` points at the new release; "
+PENDING_MAX = 64 * 1024  # a line longer than this is no step line: only its end is kept
 
 
 class Progress:
@@ -70,10 +72,12 @@ class Progress:
         self._say = say
         self._pending = b""
         self._since = time.monotonic()
+        self._switched = False
 
     def feed(self, chunk: bytes) -> None:
         self._pending += chunk
-        *lines, self._pending = self._pending.split(b"\n")
+        *lines, rest = self._pending.split(b"\n")
+        self._pending = rest[-PENDING_MAX:]
         for line in lines:
             key, _, value = line.decode("utf-8", "replace").partition("\t")
             if key == "step":
@@ -82,6 +86,7 @@ class Progress:
                 self._tick()
 
     def _begin(self, step: str) -> None:
+        self._switched = self._switched or self.step == "switch"
         self.step, self._since = step, time.monotonic()
         if step in SAID:
             self._say(f"… {SAID[step]}")
@@ -101,7 +106,7 @@ class Progress:
         )
         return ConnectionDropped(
             f"Lost the connection to {place} during dflash {self.doing}{at}: {exc.reason}. "
-            f"By then {LEFT.get(step, LEFT['start-up'])}. The program there goes on until it "
+            f"By then {self._left()}. The program there goes on until it "
             "sees the connection closed (once the link is back), then ends and releases the "
             "deploy lock.",
             reason=exc.reason,
@@ -111,3 +116,7 @@ class Progress:
                 "while that program still ends). dflash logs --follow reconnects by itself."
             ),
         )
+
+    def _left(self) -> str:
+        left = LEFT.get(self.step, LEFT["start-up"])
+        return SWITCHED + left if self._switched else left

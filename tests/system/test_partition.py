@@ -143,7 +143,9 @@ def test_a_cut_link_ends_the_command_in_bounded_time(cut_place: CutPlace, comman
     assert "Traceback" not in err, err
     assert "error: Lost the connection" in err and "no answer" in err, err
     assert "ServerAliveInterval 1 s, ServerAliveCountMax 2" in err, err
-    assert f"during dflash {command}" in err and "hint:" in err, err
+    assert f"during dflash {command}, at its 'stop' step" in err and "hint:" in err, err
+    moved = "`current` points at the new release" in err
+    assert moved == (command == "deploy"), err  # a deploy had switched before it stopped
 
     place.partition.restore()
     # The place's program sees its connection closed and ends itself, releasing the lock.
