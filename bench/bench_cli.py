@@ -47,7 +47,8 @@ if str(REPO) not in sys.path:
 
 from dflash_ops.commands import operations  # noqa: E402
 from dflash_ops.commands.workspace import Workspace, open_place  # noqa: E402
-from dflash_ops.connect.transport import Result, Stdin, StreamResult  # noqa: E402
+from dflash_ops.connect.stdin import Stdin  # noqa: E402
+from dflash_ops.connect.transport import Progress, Result, StreamResult  # noqa: E402
 from dflash_ops.settings.deploy_config import TargetFlags  # noqa: E402
 from tests.cli_helpers import Where, kill_tmux_server  # noqa: E402
 from tests.fixtures.proxmox import Proxmox  # noqa: E402
@@ -73,10 +74,13 @@ class CountingPlace:
         stdin: Stdin = None,
         timeout: float | None = None,
         check: bool = True,
+        progress: Progress | None = None,
     ) -> Result:
         start = time.perf_counter()
         try:
-            return self.inner.run(argv, stdin=stdin, timeout=timeout, check=check)
+            return self.inner.run(
+                argv, stdin=stdin, timeout=timeout, check=check, progress=progress
+            )
         finally:
             self.trips.append((_label(argv), time.perf_counter() - start))
 

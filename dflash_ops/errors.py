@@ -159,12 +159,17 @@ class HostKeyRevoked(ConnectionFailed):
 
 
 class ConnectionDropped(ConnectionFailed):
-    """The server closed the connection during the handshake or authentication."""
+    """The connection went away: the server closed it during the handshake or authentication,
+    or an open connection stopped answering its keepalive probes (`reason` says which)."""
 
     hint = (
         "The SSH server went away mid-handshake (restarted, overloaded: MaxStartups, or a "
         "firewall). Check that sshd runs on the host (ssh -v <host> true), then run again."
     )
+
+    def __init__(self, message: str, *, hint: str | None = None, reason: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.reason = reason or message
 
 
 class NotAnSSHServer(ConnectionFailed):

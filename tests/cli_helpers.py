@@ -39,11 +39,18 @@ class Where:
     canary_host: Path = Path("/nonexistent")  # the same file as this machine sees it
     cleanups: list[Callable[[], None]] = field(default_factory=list)
 
-    def config(self, command: str, *, env: dict[str, str] | None = None, extra: str = "") -> None:
+    def config(
+        self,
+        command: str,
+        *,
+        env: dict[str, str] | None = None,
+        extra: str = "",
+        stop_timeout: float = 3,
+    ) -> None:
         env_line = ", ".join(f"{k} = {json.dumps(v)}" for k, v in (env or {}).items())
         text = (
             f"{self.targets}\n[job]\nsocket = {json.dumps(self.socket)}\n"
-            f"command = {json.dumps(command)}\nstop_timeout = 3\n"
+            f"command = {json.dumps(command)}\nstop_timeout = {stop_timeout}\n"
             + (f"env = {{ {env_line} }}\n" if env_line else "")
             + extra
             + "\n[train]\ndemo = true\n"

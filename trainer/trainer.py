@@ -28,11 +28,12 @@ from typing import Any
 import torch
 
 from trainer import checkpoint as ckpt
+from trainer import curves
 from trainer.config import TrainConfig
 from trainer.curves import TrainingCurves
 from trainer.data import DataPosition
 from trainer.features import FeatureSource, LocalTarget, StepSummary
-from trainer.metrics import METRICS, append_row, truncate_rows
+from trainer.metrics import METRICS, append_row, set_aside, truncate_rows
 from trainer.pipeline import DrafterWorker, StepResult, compile_note, lr_at
 from trainer.probe import ProbeReport
 from trainer.profiling import ProfileReport, StepProfiler
@@ -117,6 +118,8 @@ class Trainer:
             self.emit(note)
         if state is not None and found.path is not None:
             self._resume(state, found.path, changes)
+        elif self.lead:
+            start_clean(self.out_dir, self.emit)
         self._resolved = resolved_values(
             cfg,
             target_layers=source.target_layers(),
@@ -125,7 +128,9 @@ class Trainer:
         )
         source.prepare(self.drafter_worker)
         self.last_probe: ProbeReport | None = None
-        self.curves = TrainingCurves(self.out_dir, enabled=cfg.run.tensorboard and self.lead)
+        self.curves = TrainingCurves(
+            self.out_dir, enabled=cfg.run.tensorboard and self.lead, start=self.step
+        )
         self.rate = Rate()
         self.profiler = self._profiler()
         self.summary: dict[str, Any] = {}
@@ -343,6 +348,18 @@ def trim_metrics(out_dir: Path, step: int, emit: Callable[[str], None]) -> None:
     trimmed = truncate_rows(out_dir / METRICS, step)
     for why in trimmed.torn:
         emit(f"{METRICS}: cut an unreadable {why} (a write cut short, e.g. by a full disk)")
+
+
+def start_clean(out_dir: Path, emit: Callable[[str], None]) -> None:
+    """A start from scratch begins a new series: the rows and curves an earlier start left
+    (killed before its first checkpoint, so there is nothing to resume) are set aside, never
+    continued (the steps would start over in the same file) nor deleted."""
+    moved = set_aside(out_dir, (METRICS, curves.FOLDER))
+    if moved is not None:
+        emit(
+            f"no checkpoint to resume: {METRICS} and the curves of an earlier start moved to "
+            f"{moved}"
+        )
 
 
 def apply_schedule(

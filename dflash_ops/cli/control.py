@@ -47,7 +47,9 @@ def stop(
       dflash stop --no-save
     """
     with workspace(ctx, where) as ws:
-        final = operations.stop(ws, force=force, save=not no_save, say=output.warn)
+        final = operations.stop(
+            ws, force=force, save=not no_save, say=output.warn, progress=output.info
+        )
     place = ws.target.describe()
     if final is None and not ws.deployed_here:
         output.info(output.NEVER_DEPLOYED.format(folder=ws.config.project_dir, place=place))
@@ -83,7 +85,9 @@ def restart(
       dflash restart --clean
     """
     with workspace(ctx, where) as ws:
-        report = operations.restart(ws, clean=clean, force=force, say=output.warn)
+        report = operations.restart(
+            ws, clean=clean, force=force, say=output.warn, progress=output.info
+        )
     if report.archived:
         output.info(f"Archived the checkpoints into {report.archived}.")
     output.success(f"Restarted job {report.started.session!r} on release {report.release}.")

@@ -91,5 +91,5 @@ def rollback(
       dflash rollback --to 20260102-030405-678-abcd
     """
     with workspace(ctx, where) as ws:
-        report = operations.rollback(ws, to=to, force=force, say=output.warn)
+        report = operations.rollback(ws, to=to, force=force, say=output.warn, progress=output.info)
     output.success(f"Rolled back to {report.release}; job {report.started.session!r} restarted.")

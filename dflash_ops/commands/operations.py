@@ -113,7 +113,7 @@ def deploy(
     )
     say(f"Release {bundle.release_id} ({len(bundle.data) / 1024:.0f} KiB) → {ws.target.describe()}")
     steps = client.Steps(doing="deploy", bundle=bundle, archive=not resume, preflight=True)
-    done = client.run(remote, steps, force=force)
+    done = client.run(remote, steps, force=force, say=say)
     assert done.started is not None
     if done.stopped is not None:
         say(f"Stopped the previous job (exit {done.stopped.exit_code}).")
@@ -138,11 +138,17 @@ def deploy(
 
 
 def restart(
-    ws: Workspace, *, clean: bool = False, force: bool = False, say: Say = _quiet
+    ws: Workspace,
+    *,
+    clean: bool = False,
+    force: bool = False,
+    say: Say = _quiet,
+    progress: Say = _quiet,
 ) -> RestartReport:
-    """stop → archive (with `clean`) → start on `current`: one command at the place."""
+    """stop → archive (with `clean`) → start on `current`: one command at the place.
+    `say`: warnings (the lock's); `progress`: the place's steps as they go."""
     steps = client.Steps(doing="restart", archive=clean)
-    done = client.run(remote_plan(ws, warn=say), steps, force=force)
+    done = client.run(remote_plan(ws, warn=say), steps, force=force, say=progress)
     assert done.release is not None and done.started is not None
     return RestartReport(
         release=done.release, stopped=done.stopped, archived=done.archived, started=done.started
@@ -150,7 +156,12 @@ def restart(
 
 
 def rollback(
-    ws: Workspace, *, to: str | None = None, force: bool = False, say: Say = _quiet
+    ws: Workspace,
+    *,
+    to: str | None = None,
+    force: bool = False,
+    say: Say = _quiet,
+    progress: Say = _quiet,
 ) -> RestartReport:
     """Point `current` at an earlier complete release and restart the job on it (resuming:
     the checkpoints stay where they are). The target is chosen from `current` as read now;
@@ -160,18 +171,23 @@ def rollback(
     current = remote.releases.current()
     target = remote.releases.rollback_target(to)
     steps = client.Steps(doing="rollback", switch_to=target)
-    done = client.run(remote, steps, force=force, expect=current or "")
+    done = client.run(remote, steps, force=force, expect=current or "", say=progress)
     assert done.started is not None
     return RestartReport(release=target, stopped=done.stopped, archived=None, started=done.started)
 
 
 def stop(
-    ws: Workspace, *, force: bool = False, save: bool = True, say: Say = _quiet
+    ws: Workspace,
+    *,
+    force: bool = False,
+    save: bool = True,
+    say: Say = _quiet,
+    progress: Say = _quiet,
 ) -> JobState | None:
     """SIGINT → SIGTERM → SIGKILL, end the session: one command at the place, under the lock.
     `save=False`: SIGTERM right after SIGINT, so the trainer ends without its stop checkpoint."""
     steps = client.Steps(doing="stop", save=save)
-    return client.run(remote_plan(ws, warn=say), steps, force=force).stopped
+    return client.run(remote_plan(ws, warn=say), steps, force=force, say=progress).stopped
 
 
 def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:
@@ -237,12 +253,17 @@ def gpu_status(ws: Workspace, metrics: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def last_metrics(ws: Workspace) -> dict[str, Any] | None:
-    """The last line of `<checkpoints>/metrics.jsonl` (step, loss, tokens_per_s, time, …)."""
-    result = ws.place.run(["tail", "-n", "1", "--", ws.metrics_path], check=False)
-    if result.exit_code != 0 or not result.stdout.strip():
+    """The last whole row of `<checkpoints>/metrics.jsonl` (step, loss, tokens_per_s, time, …):
+    a torn last line (a write cut short by a kill or a full disk) is passed over, as the
+    trainer cuts it when it resumes (`trainer.metrics`)."""
+    result = ws.place.run(["tail", "-n", "2", "--", ws.metrics_path], check=False)
+    if result.exit_code != 0:
         return None
-    try:
-        data = json.loads(result.stdout.decode("utf-8", "replace"))
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+    for line in reversed(result.stdout.splitlines()):
+        try:
+            data = json.loads(line.decode("utf-8", "replace"))
+        except ValueError:
+            continue
+        if isinstance(data, dict) and isinstance(data.get("step"), int):
+            return data
+    return None

@@ -20,7 +20,8 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 from dflash_ops.connect import shell
-from dflash_ops.connect.transport import Result, Stdin, StreamResult, Transport
+from dflash_ops.connect.stdin import Stdin
+from dflash_ops.connect.transport import Progress, Result, StreamResult, Transport
 from dflash_ops.errors import (
     ContainerNotFound,
     ContainerStopped,
@@ -37,6 +38,8 @@ _PCT_MISSING = re.compile(r"(^|[\s:])pct: (command )?not found$")
 
 @runtime_checkable
 class Place(Protocol):
+    """`run(…, progress=…)`: `progress` sees the command's stdout as it arrives."""
+
     description: str
     transport: Transport
 
@@ -47,6 +50,7 @@ class Place(Protocol):
         stdin: Stdin = None,
         timeout: float | None = None,
         check: bool = True,
+        progress: Progress | None = None,
     ) -> Result: ...
 
     def stream(self, argv: Sequence[str]) -> StreamResult: ...
@@ -77,8 +81,9 @@ class HostPlace:
         stdin: Stdin = None,
         timeout: float | None = None,
         check: bool = True,
+        progress: Progress | None = None,
     ) -> Result:
-        result = self.transport.run(argv, stdin=stdin, timeout=timeout)
+        result = self.transport.run(argv, stdin=stdin, timeout=timeout, progress=progress)
         return raise_for_result(result, self.description) if check else result
 
     def stream(self, argv: Sequence[str]) -> StreamResult:
@@ -132,8 +137,11 @@ class ContainerPlace:
         stdin: Stdin = None,
         timeout: float | None = None,
         check: bool = True,
+        progress: Progress | None = None,
     ) -> Result:
-        raw = self.transport.run(self.pct_argv(argv), stdin=stdin, timeout=timeout)
+        raw = self.transport.run(
+            self.pct_argv(argv), stdin=stdin, timeout=timeout, progress=progress
+        )
         self._raise_for_pct(raw.exit_code, raw.stderr)
         result = Result(tuple(argv), raw.exit_code, raw.stdout, raw.stderr)
         return raise_for_result(result, self.description) if check else result

@@ -1,9 +1,9 @@
 """Run an argv somewhere and collect its exit code and output: a local subprocess or SSH.
 
 Both transports give the same contract:
-- `run(argv, stdin=…, timeout=…) -> Result`: stdin is bytes or a binary file object, which is
-  copied in chunks (or `HeldOpen(bytes)`: no end of input until the command exits) while stdout and stderr are read concurrently (a command that writes more than
-  a pipe or channel window holds never blocks against us).
+- `run(argv, stdin=…, timeout=…, progress=…) -> Result`: stdin (`stdin.Stdin`) is copied in
+  chunks while stdout and stderr are read concurrently (a command that writes more than a pipe
+  or channel window holds never blocks against us); `progress` sees stdout as it comes.
 - `stream(argv) -> StreamResult`: an iterator of stdout chunks as they arrive. When it is
   exhausted, `exit_code` and `stderr` are set on it; `close()` abandons the command early.
 - A program that does not exist exits 127 and one killed by a signal exits 128+signal (local)
@@ -11,7 +11,8 @@ Both transports give the same contract:
 
 `SSHTransport` holds ONE paramiko connection, opened on first use and shared by every command
 (each command is a channel on it). `connections_opened` counts real connections. If the
-connection dies, the command in flight raises `ConnectionFailed`; `reconnect()` opens a new one.
+connection dies, the command in flight raises `ConnectionFailed` (`ConnectionDropped` once the
+keepalive declared a silent peer dead); `reconnect()` opens a new one.
 Commands never get a pty: bytes on stdin/stdout must pass unchanged.
 """
 
@@ -27,9 +28,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, BinaryIO, Protocol, runtime_checkable
+from typing import IO, TYPE_CHECKING, Protocol, runtime_checkable
 
 from dflash_ops.connect import shell
+from dflash_ops.connect.stdin import CHUNK, HeldOpen, Stdin, chunks_of
 from dflash_ops.errors import CommandTimedOut, ConnectionFailed
 
 if TYPE_CHECKING:  # paramiko (~0.1-0.3 s to import) loads only when an SSH command runs
@@ -38,22 +40,7 @@ if TYPE_CHECKING:  # paramiko (~0.1-0.3 s to import) loads only when an SSH comm
     from dflash_ops.connect.ssh_config import SSHTarget
     from dflash_ops.connect.ssh_connect import Connection
 
-CHUNK = 64 * 1024
-
-
-@dataclass(frozen=True)
-class HeldOpen:
-    """stdin `data`, then no end of input: the command's stdin stays open until it exits.
-
-    Its stdin reaching EOF before then tells the command that whoever started it is gone (this
-    process killed, the connection dropped): a long remote command watches it to stop acting
-    on an authority it no longer has (`remote/site.sh`).
-    """
-
-    data: bytes = b""
-
-
-Stdin = bytes | bytearray | memoryview | BinaryIO | HeldOpen | None
+Progress = Callable[[bytes], None]
 
 
 @dataclass(frozen=True)
@@ -84,7 +71,12 @@ class Transport(Protocol):
     connections_opened: int
 
     def run(
-        self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        progress: Progress | None = None,
     ) -> Result: ...
 
     def stream(self, argv: Sequence[str]) -> StreamResult: ...
@@ -148,20 +140,6 @@ class StreamResult(Iterator[bytes]):
         self.close()
 
 
-def _chunks_of(stdin: Stdin) -> Iterator[bytes]:
-    if stdin is None:
-        return
-    if isinstance(stdin, HeldOpen):
-        stdin = stdin.data
-    if isinstance(stdin, bytes | bytearray | memoryview):
-        view = memoryview(stdin)
-        for start in range(0, len(view), CHUNK):
-            yield bytes(view[start : start + CHUNK])
-        return
-    while chunk := stdin.read(CHUNK):
-        yield chunk
-
-
 def _pipe(stream: IO[bytes] | None) -> io.BufferedReader:
     """One of Popen's pipes as what it is (a buffered reader, whose `read1` returns what has
     arrived rather than waiting for a full chunk)."""
@@ -172,9 +150,10 @@ def _pipe(stream: IO[bytes] | None) -> io.BufferedReader:
 class _Collector(threading.Thread):
     """Reads a stream to its end in the background (so two pipes never block each other)."""
 
-    def __init__(self, read: Callable[[int], bytes]) -> None:
+    def __init__(self, read: Callable[[int], bytes], progress: Progress | None = None) -> None:
         super().__init__(daemon=True)
         self._read = read
+        self._progress = progress
         self.parts: list[bytes] = []
         self.error: BaseException | None = None
 
@@ -182,6 +161,8 @@ class _Collector(threading.Thread):
         try:
             while chunk := self._read(CHUNK):
                 self.parts.append(chunk)
+                if self._progress is not None:
+                    self._progress(chunk)
         except BaseException as exc:  # reported by whoever joins us
             self.error = exc
 
@@ -231,14 +212,20 @@ class LocalTransport:
         return 128 - code if code < 0 else code  # -SIGKILL → 137, like a shell
 
     def run(
-        self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        progress: Progress | None = None,
     ) -> Result:
         args = _argv(argv)
         proc = self._spawn(args, subprocess.PIPE)
         if proc is None:
             return Result(args, 127, b"", f"{args[0]}: command not found\n".encode())
         assert proc.stdin
-        out, err = _Collector(_pipe(proc.stdout).read1), _Collector(_pipe(proc.stderr).read1)
+        out = _Collector(_pipe(proc.stdout).read1, progress)
+        err = _Collector(_pipe(proc.stderr).read1)
         out.start()
         err.start()
         writer = threading.Thread(target=self._feed, args=(proc, stdin), daemon=True)
@@ -267,7 +254,7 @@ class LocalTransport:
     def _feed(proc: subprocess.Popen[bytes], stdin: Stdin) -> None:
         assert proc.stdin is not None
         try:
-            for chunk in _chunks_of(stdin):
+            for chunk in chunks_of(stdin):
                 proc.stdin.write(chunk)
             if isinstance(stdin, HeldOpen):
                 proc.stdin.flush()  # `run` closes it once the command has exited
@@ -355,7 +342,7 @@ class SSHTransport:
                 self._conn = connect(self.target, accept_new_host_key=self.accept_new_host_key)
                 self.connections_opened += 1
             elif not self._conn.is_active():
-                raise ConnectionFailed(
+                raise self._conn.dropped(self.description) or ConnectionFailed(
                     f"The connection to {self.description} was lost",
                     hint="Call reconnect() (the CLI does so with backoff) or run the command again.",
                 )
@@ -382,14 +369,17 @@ class SSHTransport:
         import paramiko
 
         conn = self._connection()
+        wait = max(self.target.connect_timeout, self.target.alive.bound + 1)  # keepalive first
         try:
-            channel = conn.transport.open_session(timeout=self.target.connect_timeout)
+            channel = conn.transport.open_session(timeout=wait)
             channel.exec_command(shell.quote_argv(args))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise self._lost(args, exc) from None
         return channel
 
     def _lost(self, args: tuple[str, ...], exc: BaseException | None = None) -> ConnectionFailed:
+        if self._conn is not None and (dropped := self._conn.dropped(self.description, args[0])):
+            return dropped
         why = f": {exc}" if exc else ""
         return ConnectionFailed(
             f"The connection to {self.description} was lost while running {args[0]}{why}",
@@ -412,12 +402,17 @@ class SSHTransport:
         raise self._lost(args)
 
     def run(
-        self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        progress: Progress | None = None,
     ) -> Result:
         args = _argv(argv)
         deadline = _deadline(timeout)
         channel = self._open(args)
-        out, err = _Collector(channel.recv), _Collector(channel.recv_stderr)
+        out, err = _Collector(channel.recv, progress), _Collector(channel.recv_stderr)
         out.start()
         err.start()
         writer = threading.Thread(target=self._feed, args=(channel, stdin), daemon=True)
@@ -441,7 +436,7 @@ class SSHTransport:
         import paramiko
 
         try:
-            for chunk in _chunks_of(stdin):
+            for chunk in chunks_of(stdin):
                 channel.sendall(chunk)
             if not isinstance(stdin, HeldOpen):  # held: the channel's close ends it
                 channel.shutdown_write()

@@ -8,7 +8,9 @@ travels as an argv element (named options, quoted only by `shell.quote_argv` on 
 program's text is fixed, read from `site.sh` beside this module.
 
 The answer is read from the step lines the program prints (`Outcome.of`), and a failure becomes
-the typed error of the step that failed through one table (`_ERRORS`). A held lock (exit 3) is
+the typed error of the step that failed through one table (`_ERRORS`). While it runs, its lines
+are read as they come (`progress.Progress`): the long steps are said as they begin and while they
+last, and a connection dropped on the way is said with the step the program had reached. A held lock (exit 3) is
 judged here (`DeployLock.judge`: wait, take over a stale record, or `--force`) and the command
 runs once more. A command killed on its way (no `failed` line) makes the client look at the
 place again, so a container stopped under it is reported as such.
@@ -23,11 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from dflash_ops.connect.transport import HeldOpen, Result
-from dflash_ops.errors import DflashError, RemoteCommandFailed
+from dflash_ops.connect.stdin import HeldOpen
+from dflash_ops.connect.transport import Result
+from dflash_ops.errors import ConnectionDropped, DflashError, RemoteCommandFailed
 from dflash_ops.remote.checkpoints import Checkpoints, PruneReport
 from dflash_ops.remote.job import Job, JobState
 from dflash_ops.remote.lock import DeployLock, Owner
+from dflash_ops.remote.progress import Progress, Say
 from dflash_ops.remote.release import KEEP, Bundle, Releases, checked_id
 
 log = logging.getLogger(__name__)
@@ -179,17 +183,24 @@ def _preflight(plan: DeployPlan, steps: Steps) -> list[tuple[str, str]]:
     return words + [("check", word) for word in plan.preflight.check]
 
 
-def run(plan: DeployPlan, steps: Steps, *, force: bool = False, expect: str = "") -> Done:
+def _quiet(_: str) -> None:
+    pass
+
+
+def run(
+    plan: DeployPlan, steps: Steps, *, force: bool = False, expect: str = "", say: Say = _quiet
+) -> Done:
     """Run `steps` at the place: one command when the lock is free. A held lock is judged
     here (`DeployLock.judge`, with the place's word on whether the holding program lives): the
     command runs again after a short wait, or taking over the stale record, until the lock's
-    wait is over (`LockHeld`). The program holds the lock itself and releases it on exit."""
+    wait is over (`LockHeld`). The program holds the lock itself and releases it on exit.
+    `say` gets the progress lines (`progress.Progress`)."""
     archive = plan.checkpoints.archive_dest() if steps.archive else ""
     owner = Owner.me(steps.doing)
     deadline = time.monotonic() + plan.lock.wait
     stale = ""
     while True:
-        outcome = _run(plan, steps, owner, stale=stale, archive=archive, expect=expect)
+        outcome = _run(plan, steps, owner, stale=stale, archive=archive, expect=expect, say=say)
         if outcome.exit_code != HELD or outcome.held is None:
             break
         judged = plan.lock.judge(
@@ -209,16 +220,29 @@ def run(plan: DeployPlan, steps: Steps, *, force: bool = False, expect: str = ""
 
 
 def _run(
-    plan: DeployPlan, steps: Steps, owner: Owner, *, stale: str, archive: str, expect: str
+    plan: DeployPlan,
+    steps: Steps,
+    owner: Owner,
+    *,
+    stale: str,
+    archive: str,
+    expect: str,
+    say: Say,
 ) -> Outcome:
     # stdin: the bundle (if any), then held open until the program exits: its end tells the
     # program that this command is gone (`watch_caller`).
-    result = plan.releases.place.run(
-        argv(plan, steps, owner, stale=stale, archive=archive, expect=expect),
-        stdin=HeldOpen(steps.bundle.data if steps.bundle is not None else b""),
-        check=False,
-        timeout=plan.job.stop_seconds() + 600.0,
-    )
+    place = plan.releases.place
+    progress = Progress(steps.doing, say)
+    try:
+        result = place.run(
+            argv(plan, steps, owner, stale=stale, archive=archive, expect=expect),
+            stdin=HeldOpen(steps.bundle.data if steps.bundle is not None else b""),
+            check=False,
+            timeout=plan.job.stop_seconds() + 600.0,
+            progress=progress.feed,
+        )
+    except ConnectionDropped as exc:
+        raise progress.dropped(place.description, exc) from None
     outcome = Outcome.of(result)
     log.debug("%s steps %s, exit %s", steps.doing, outcome.steps, outcome.exit_code)
     return outcome

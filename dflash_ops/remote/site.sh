@@ -16,7 +16,10 @@
 #
 # What a command does is announced on stdout as `step<TAB>NAME` before it runs; what a step
 # found is `KEY<TAB>VALUE` (`removed`, `current`, `stopped`, `archived`, `started`); a failed
-# step prints `failed<TAB>STATUS` and exits 1. Exit 3 with `holder<TAB>alive|gone|unknown`
+# step prints `failed<TAB>STATUS` and exits 1. While it runs, `tick<TAB>SECONDS` comes every
+# TICK seconds: a step that waits long (the job's stop, the trainer's check) is never silent, so
+# the caller can tell it from a dead link, and the connection carries bytes from here, so sshd
+# notices a caller that went away (its link cut) as soon as the link is back. Exit 3 with `holder<TAB>alive|gone|unknown`
 # and `held<TAB>RECORD` (last): the lock is held. Exit 10: tmux or python failed the preflight.
 #
 # The steps of deploy, in order: tmux, python (--probe) → lock → unpack → check (--check: the
@@ -31,6 +34,7 @@
 # caller was killed or its connection dropped, and then ends the group (the EXIT trap releases
 # the lock on the way out).
 
+readonly TICK=10        # seconds between two `tick` lines
 readonly HELD=3         # the lock is held by someone else
 readonly PREFLIGHT=10   # tmux or python failed
 readonly RUNNING=5      # the job's session is running (start refused)
@@ -300,6 +304,12 @@ watch_caller() {  # $1 our process group: ended once stdin (the caller's line) c
   } 0<&0 >/dev/null 2>&1 &
 }
 
+ticks() {  # in the background: `tick<TAB>SECONDS` every TICK s, as long as the program runs
+  local s=0
+  while sleep "$TICK"; do s=$((s + TICK)); say tick "$s" || return 0; done
+}
+ticks_stop() { kill "$ticker" 2>/dev/null; wait "$ticker" 2>/dev/null; }
+
 usage() { echo "site.sh: $1" >&2; exit 2; }
 
 parse_options() {  # named options into the globals below; after `--`: tmux's start arguments
@@ -355,6 +365,7 @@ step_lock() {  # takes the lock (over the judged stale record); from here EXIT r
   if [ -n "$stale" ]; then lock_take_over "$lock" "$stale" "$me"; fi
   held=$(lock_take "$root" "$lock" "$record"); rc=$?
   if [ "$rc" = "$HELD" ]; then
+    ticks_stop  # `held` is the last line: the record is all that follows it
     say holder "$(lock_holder "$held")"
     say held "$held"
     exit "$HELD"
@@ -433,6 +444,7 @@ site_main() {  # $1 the command, then its options
   trap 'exit 143' TERM HUP INT
   trap 'trap "" TERM; kill -s TERM -- "-$me"' EXIT  # nothing we started outlives us
   [ "$command" = deploy ] || watch_caller "$me"  # deploy: once the bundle is read
+  ticks & ticker=$!
   if [ "$command" = deploy ] && [ "${#probe[@]}" -gt 0 ]; then step_preflight; fi
   step_lock
   case $command in

@@ -1,0 +1,122 @@
+"""What a changing command's program at the place says while it runs, as the operator sees it.
+
+`site.sh` announces each step (`step<TAB>NAME`) before running it, and prints `tick<TAB>SECONDS`
+every few seconds for as long as it runs. `Progress.feed` reads that stdout as it arrives
+(chunks, not lines): it says the steps that can take long as they begin and, on a tick during
+a step that has lasted a while, how long it has been going. A wait at the place therefore never
+looks like silence, and a real silence (a cut link) ends in the connection's keepalive verdict,
+`ConnectionDropped`, which `dropped` words for the command: the step it had reached, what the
+place may be left with, and what to do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from dflash_ops.errors import ConnectionDropped
+
+Say = Callable[[str], None]
+QUIET_FOR = 8.0  # a step shorter than this is not worth a "still …" line
+
+# What a step does: named in a "still …" line and when the link drops there.
+DOING = {
+    "tmux": "checking tmux",
+    "python": "checking the job's python",
+    "lock": "taking the deploy lock",
+    "unpack": "sending and unpacking the release",
+    "check": "checking [train]",
+    "switch": "switching `current` to the release",
+    "prune": "removing old releases",
+    "current": "reading `current`",
+    "stop": "stopping the job",
+    "archive": "archiving the checkpoints",
+    "start": "starting the job",
+    "done": "finishing",
+}
+# The steps that can take long, said as they begin.
+SAID = {
+    "unpack": "sending and unpacking the release",
+    "check": "checking [train] with the trainer's own check",
+    "stop": "stopping the job: SIGINT (it saves a checkpoint), SIGTERM after [job] stop_timeout",
+}
+
+# What the place may be left with once the program had reached a step (it goes on from there
+# until it sees its connection closed); after a `switch` step, `current` has moved too.
+LEFT = {
+    "start-up": "nothing had changed there yet",
+    "tmux": "nothing had changed there yet",
+    "python": "nothing had changed there yet",
+    "lock": "nothing had changed there yet (the deploy lock may be held)",
+    "unpack": "the new release may be there in part (the next deploy removes it); "
+    "nothing else had changed",
+    "check": "the new release may be there, unused; nothing else had changed",
+    "switch": "`current` may point at the new release while the job still runs the old one",
+    "prune": "the job still runs the old release; old releases may have been removed",
+    "current": "nothing had changed there yet",
+    "stop": "the job may be stopped (its checkpoint saved) or still stopping",
+    "archive": "the job is stopped; its checkpoints may have been archived",
+    "start": "the job is stopped; the new one may have started",
+    "done": "the command had finished there",
+}
+SWITCHED = "`current` points at the new release; "
+PENDING_MAX = 64 * 1024  # a line longer than this is no step line: only its end is kept
+
+
+class Progress:
+    """Reads one run's stdout as it comes; `say` gets the operator's lines."""
+
+    def __init__(self, doing: str, say: Say) -> None:
+        self.doing = doing
+        self.step = "start-up"
+        self._say = say
+        self._pending = b""
+        self._since = time.monotonic()
+        self._switched = False
+
+    def feed(self, chunk: bytes) -> None:
+        self._pending += chunk
+        *lines, rest = self._pending.split(b"\n")
+        self._pending = rest[-PENDING_MAX:]
+        for line in lines:
+            key, _, value = line.decode("utf-8", "replace").partition("\t")
+            if key == "step":
+                self._begin(value)
+            elif key == "tick":
+                self._tick()
+
+    def _begin(self, step: str) -> None:
+        self._switched = self._switched or self.step == "switch"
+        self.step, self._since = step, time.monotonic()
+        if step in SAID:
+            self._say(f"… {SAID[step]}")
+
+    def _tick(self) -> None:
+        lasted = time.monotonic() - self._since
+        if lasted >= QUIET_FOR and self.step in DOING:
+            self._say(f"… still {DOING[self.step]} ({lasted:.0f} s)")
+
+    def dropped(self, place: str, exc: ConnectionDropped) -> ConnectionDropped:
+        """The keepalive's verdict, said for this command at the step it had reached."""
+        step = self.step
+        at = (
+            f", at its {step!r} step ({DOING[step]})"
+            if step in DOING
+            else ", before its first step"
+        )
+        return ConnectionDropped(
+            f"Lost the connection to {place} during dflash {self.doing}{at}: {exc.reason}. "
+            f"By then {self._left()}. The program there goes on until it "
+            "sees the connection closed (once the link is back), then ends and releases the "
+            "deploy lock.",
+            reason=exc.reason,
+            hint=(
+                "When the host answers again (ssh <host> true), see what runs there with "
+                f"dflash status, then run dflash {self.doing} again (it waits for the deploy lock "
+                "while that program still ends). dflash logs --follow reconnects by itself."
+            ),
+        )
+
+    def _left(self) -> str:
+        left = LEFT.get(self.step, LEFT["start-up"])
+        return SWITCHED + left if self._switched else left
