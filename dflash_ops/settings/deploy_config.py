@@ -13,7 +13,8 @@ settings.
 
 Precedence for a target's fields: command-line flags > the selected target's fields > per-place
 defaults. Selection: `--target NAME` or `--host`, else the target last deployed from this folder
-(`.dflash/state.json`), else `[target]`.
+(`.dflash/state.json`), else `[target]`. Flags override only what they name: `--host H --ct N`
+start from the table of deploy.toml for that place, else from a remote `[target]` (with a note).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 import sys
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,10 @@ class TargetFlags:
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
+    def describe(self) -> str:
+        """The place flags as typed: `--host H --ct N`."""
+        return " ".join(f"--{k} {v}" for k, v in self.to_json().items() if k in ("host", "ct"))
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TargetFlags:
         known = {k: data[k] for k in ("target", "host", "user", "port", "ct") if k in data}
@@ -96,6 +101,7 @@ class Target:
     root: str
     checkpoints: str
     python: str
+    note: str = ""  # which table of deploy.toml gave the keys the flags did not name
 
     @property
     def remote(self) -> bool:
@@ -185,6 +191,9 @@ def resolve_target(config: Config, flags: TargetFlags, *, remembered: TargetFlag
 
     Flags that select a target (`--target`, `--host`) win; otherwise the target remembered from
     the last deploy from this folder is used, with `--user`/`--port` still applied on top.
+    `--host` without `--target` starts from a table of deploy.toml (`_table_for_place`), so
+    the keys the flags do not name keep their values; `Target.note` says when that table is
+    for another place.
     """
     if flags.ct is not None and flags.host is None:
         raise ConfigError(
@@ -202,6 +211,7 @@ def resolve_target(config: Config, flags: TargetFlags, *, remembered: TargetFlag
             port=flags.port if flags.port is not None else remembered.port,
         )
     table: Mapping[str, Any]
+    note = ""
     if chosen.target == DEFAULT_TARGET and DEFAULT_TARGET not in config.targets:
         table, name = config.default_target, DEFAULT_TARGET  # --target default: [target]
     elif chosen.target is not None:
@@ -209,10 +219,12 @@ def resolve_target(config: Config, flags: TargetFlags, *, remembered: TargetFlag
             raise _no_such_target(config, chosen.target, remembered=chosen is not flags)
         table, name = config.targets[chosen.target], chosen.target
     elif chosen.host is not None:
-        table, name = {}, chosen.host if chosen.ct is None else f"{chosen.host}/ct{chosen.ct}"
+        table, name, note = _table_for_place(config, chosen)
     else:
         table, name = config.default_target, DEFAULT_TARGET
     fields = dict(table)
+    if chosen.host is not None and chosen.ct is None and chosen.target is None:
+        fields.pop("ct", None)  # `--host H` alone is an SSH host, whatever the base table says
     if fields.get("place", "local") == "local" and "host" not in fields and chosen.host is None:
         for key in ("user", "port"):
             if getattr(flags, key) is not None and key not in table:
@@ -229,7 +241,40 @@ def resolve_target(config: Config, flags: TargetFlags, *, remembered: TargetFlag
         value = getattr(chosen, key)
         if value is not None:
             fields[key] = value
-    return _finish_target(name, fields, config=config)
+    return replace(_finish_target(name, fields, config=config), note=note)
+
+
+_PLACE_KEYS = ("place", "host", "ct")  # what `--host`/`--ct` name; the other keys are kept
+
+
+def _table_for_place(config: Config, flags: TargetFlags) -> tuple[Mapping[str, Any], str, str]:
+    """The table `--host H [--ct N]` starts from, its name, and a note for the user.
+
+    Flags override only what they name: a table of deploy.toml for that very place (the same
+    host and container) gives every other key (`python`, `root`, `checkpoints`, `user`,
+    `port`). For another place the remote `[target]` does, and the note says so; a local
+    `[target]` has nothing to give (its paths are this machine's).
+    """
+    tables = [(DEFAULT_TARGET, config.default_target), *config.targets.items()]
+    for name, table in tables:
+        if table.get("host") == flags.host and table.get("ct") == flags.ct:
+            return table, name, ""
+    name = str(flags.host) if flags.ct is None else f"{flags.host}/ct{flags.ct}"
+    base = config.default_target
+    if not base.get("host"):
+        return {}, name, ""
+    kept = [key for key in base if key not in _PLACE_KEYS]
+    if not kept:
+        return base, name, ""
+    where = ", ".join(f"{key} {base[key]}" for key in _PLACE_KEYS[1:] if key in base)
+    return (
+        base,
+        name,
+        (
+            f"{flags.describe()} is not the place of [target] ({where}) in "
+            f"{config.path.name}; its {', '.join(kept)} apply there too."
+        ),
+    )
 
 
 def _no_such_target(config: Config, name: str, *, remembered: bool) -> ConfigError:

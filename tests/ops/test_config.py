@@ -154,6 +154,45 @@ def test_host_flags_make_ssh_and_proxmox(tmp_path: Path) -> None:
     assert (moved.host, moved.ct, moved.checkpoints) == ("h2", 300, "/data/ckpt")
 
 
+REMOTE_DEFAULT = """
+[target]
+place = "proxmox"
+host = "10.1.2.6"
+ct = 200
+python = "/opt/venv/bin/python"
+checkpoints = "/data/ckpt"
+
+[targets.other]
+place = "ssh"
+host = "box"
+root = "/srv/dflash"
+"""
+
+
+def test_host_flags_override_only_what_they_name(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, REMOTE_DEFAULT))
+    same = resolve_target(config, TargetFlags(host="10.1.2.6", ct=200), remembered=None)
+    assert (same.name, same.python, same.checkpoints) == (
+        "default",
+        "/opt/venv/bin/python",
+        "/data/ckpt",
+    )
+    assert same.note == ""
+    named = resolve_target(config, TargetFlags(host="box"), remembered=None)
+    assert (named.name, named.root, named.python) == ("other", "/srv/dflash", "python3")
+    # Another container: [target]'s other keys still apply, and the note says which table.
+    moved = resolve_target(config, TargetFlags(host="10.1.2.7", ct=201), remembered=None)
+    assert (moved.host, moved.ct, moved.python) == ("10.1.2.7", 201, "/opt/venv/bin/python")
+    assert moved.checkpoints == "/data/ckpt" and moved.root == "/root/dflash"
+    assert "[target] (host 10.1.2.6, ct 200)" in moved.note and "python, checkpoints" in moved.note
+    # --host alone is an SSH host: the base table's container id does not come along.
+    host = resolve_target(config, TargetFlags(host="10.1.2.6"), remembered=None)
+    assert (host.place, host.ct, host.python) == ("ssh", None, "/opt/venv/bin/python")
+    # Remembered flags resolve the same way (what doctor, logs, status see after a deploy).
+    later = resolve_target(config, TargetFlags(), remembered=TargetFlags(host="10.1.2.6", ct=200))
+    assert later == same
+
+
 def test_ct_without_host_is_an_error(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, FULL))
     with pytest.raises(ConfigError, match="--ct needs --host"):

@@ -16,7 +16,7 @@ import pytest
 
 from dflash_ops.errors import ReleaseError
 from dflash_ops.remote.release import COMPLETE
-from tests.cli_helpers import REPO, Where, kill_tmux_server
+from tests.cli_helpers import REPO, Where, kill_tmux_server, wait_for
 from tests.ops.test_release import plan, push
 from tests.site_helpers import Site, site_fixture, tmux_socket_fixture  # noqa: F401
 
@@ -69,16 +69,6 @@ def local(tmp_path: Path) -> Iterator[Where]:
     spot = Where("local", project, [], root, root / "checkpoints", f"dft-{uuid.uuid4().hex[:10]}")
     yield spot
     kill_tmux_server(spot.socket)
-
-
-def wait_for(path: Path, text: str, timeout: float = 20) -> str:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        content = path.read_text() if path.exists() else ""
-        if text in content:
-            return content
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} not in {path}")
 
 
 def test_releases_and_rollback_through_the_cli(local: Where) -> None:
