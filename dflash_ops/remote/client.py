@@ -26,7 +26,7 @@ from typing import Literal
 from dflash_ops.connect.transport import HeldOpen, Result
 from dflash_ops.errors import DflashError, RemoteCommandFailed
 from dflash_ops.remote.checkpoints import Checkpoints, PruneReport
-from dflash_ops.remote.job import Job, JobState
+from dflash_ops.remote.job import Job, JobState, StartUp
 from dflash_ops.remote.lock import DeployLock, Owner
 from dflash_ops.remote.release import KEEP, Bundle, Releases, checked_id
 
@@ -98,6 +98,8 @@ class Steps:
     archive: bool = False  # archive the checkpoints after the stop (deploy, restart)
     preflight: bool = False  # deploy: tmux and python first, the bundle's train.toml checked
     save: bool = True  # the stop gives the job `stop_timeout` to save (False: SIGTERM at once)
+    wait: float = 0.0  # after the start: seconds to wait for the job to be past start-up
+    ready: str = ""  # the log line that says so ("": any line)
 
     @property
     def release(self) -> str | None:
@@ -112,6 +114,8 @@ class Done:
     stopped: JobState | None
     archived: str | None
     started: JobState | None
+    logged: int = 0  # the log's size before the start: the new job's output begins there
+    startup: StartUp | None = None  # how its start-up went (None: not waited for)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,7 +159,7 @@ def argv(
         ("checkpoints", plan.checkpoints.path),
         ("socket", plan.job.socket),
         ("session", plan.job.session),
-        ("log-dir", plan.job.log_dir),
+        ("log", plan.job.log),
         ("stop-ticks", ",".join(plan.job.stop_ticks(save=steps.save))),
     ]
     options += [("stale", stale)] if stale else []
@@ -167,6 +171,8 @@ def argv(
     if steps.bundle is not None:
         options += [("bundle-size", str(len(steps.bundle.data))), ("keep", str(plan.keep))]
         options += _preflight(plan, steps)
+    if steps.doing != "stop" and steps.wait > 0:
+        options += [("wait", str(max(1, round(steps.wait * 10)))), ("ready", steps.ready)]
     tail = plan.job.start_args(plan.launch, cwd=plan.cwd, env=plan.env)
     return site_argv(steps.doing, options, [] if steps.doing == "stop" else tail)
 
@@ -205,7 +211,29 @@ def run(plan: DeployPlan, steps: Steps, *, force: bool = False, expect: str = ""
         stopped=plan.job.parse_line(stopped) if stopped else None,
         archived=outcome.fact("archived"),
         started=plan.job.parse_line(started) if started else None,
+        logged=int(outcome.fact("logged") or 0),
+        startup=_startup(plan.job, outcome),
     )
+
+
+def _startup(job: Job, outcome: Outcome) -> StartUp | None:
+    """What the `ready` step said: the job's readiness, or its end and last log lines."""
+    ended = outcome.fact("ended")
+    if ended is not None:
+        lines = tuple(printable(line) for line in outcome.facts.get("tail", []))
+        state = job.parse_line(ended) if ended else None
+        return StartUp(outcome="ended", state=state, lines=lines)
+    said = outcome.fact("startup")
+    for known in ("ready", "starting", "interrupted"):
+        if said == known:
+            return StartUp(outcome=known)
+    return None
+
+
+def printable(line: str) -> str:
+    """A line of the job's log as it may be shown: control characters (a terminal's escape
+    sequences) become U+FFFD."""
+    return "".join(c if c.isprintable() or c == "\t" else "\ufffd" for c in line)
 
 
 def _run(

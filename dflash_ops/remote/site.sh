@@ -5,18 +5,20 @@
 # never pasted into the text. dflash_ops/remote/client.py builds the call and reads the answer.
 #
 #   deploy   --release ID --bundle-size N [--keep N] [--probe ARG]… [--check ARG]…
-#            [--archive-to DIR] COMMON -- TMUX-ARGS…   (the bundle's tar on stdin)
-#   restart  [--archive-to DIR] COMMON -- TMUX-ARGS…
-#   rollback --release ID [--expect ID] COMMON -- TMUX-ARGS…
+#            [--archive-to DIR] COMMON START -- TMUX-ARGS…   (the bundle's tar on stdin)
+#   restart  [--archive-to DIR] COMMON START -- TMUX-ARGS…
+#   rollback --release ID [--expect ID] COMMON START -- TMUX-ARGS…
 #   stop     COMMON
 #   prune-run --checkpoints DIR --run DIR   (delete one archived run, proven to be one)
 #
 #   COMMON: --root DIR --lock PATH --owner JSON [--stale RECORD] --checkpoints DIR
-#           --socket NAME --session NAME --log-dir DIR --stop-ticks INT,TERM,KILL
+#           --socket NAME --session NAME --log FILE --stop-ticks INT,TERM,KILL
+#   START:  [--wait TICKS --ready TEXT]: after the start, wait (ticks of 0.1 s) until TEXT is in
+#           the job's new log lines (empty: any line) or the job has ended (step `ready`)
 #
 # What a command does is announced on stdout as `step<TAB>NAME` before it runs; what a step
-# found is `KEY<TAB>VALUE` (`removed`, `current`, `stopped`, `archived`, `started`); a failed
-# step prints `failed<TAB>STATUS` and exits 1. Exit 3 with `holder<TAB>alive|gone|unknown`
+# found is `KEY<TAB>VALUE` (`removed`, `current`, `stopped`, `archived`, `logged`, `started`);
+# a failed step prints `failed<TAB>STATUS` and exits 1. Exit 3 with `holder<TAB>alive|gone|unknown`
 # and `held<TAB>RECORD` (last): the lock is held. Exit 10: tmux or python failed the preflight.
 #
 # The steps of deploy, in order: tmux, python (--probe) → lock → unpack → check (--check: the
@@ -304,7 +306,7 @@ usage() { echo "site.sh: $1" >&2; exit 2; }
 
 parse_options() {  # named options into the globals below; after `--`: tmux's start arguments
   root="" id="" size="" keep=5 lock="" owner="" stale="" ckpt="" dest="" expect=""
-  socket="" session="" logdir="" ticks="" run=""
+  socket="" session="" log="" ticks="" run="" wait=0 ready=""
   probe=() checker=() tmux_args=()
   while [ "$#" -gt 0 ]; do
     case $1 in
@@ -327,9 +329,11 @@ parse_options() {  # named options into the globals below; after `--`: tmux's st
       --check) checker+=("$2") ;;
       --socket) socket=$2 ;;
       --session) session=$2 ;;
-      --log-dir) logdir=$2 ;;
+      --log) log=$2 ;;
       --stop-ticks) ticks=$2 ;;
       --run) run=$2 ;;
+      --wait) wait=$2 ;;
+      --ready) ready=$2 ;;
       *) usage "unknown option $1" ;;
     esac
     shift 2
@@ -418,11 +422,34 @@ step_archive() {  # the checkpoints into --archive-to
   [ "$out" != moved ] || say archived "$dest"
 }
 
-step_start() {
-  local line
+step_start() {  # `logged`: the log's size before the job starts (its output begins there)
+  local dir=${log%/*}
   say step start
-  line=$(job_start "$socket" "$session" "$logdir" "${tmux_args[@]}") || fail $?
-  say started "$line"
+  logged=$(stat -c %s -- "$log" 2>/dev/null) || logged=0
+  say logged "$logged"
+  started=$(job_start "$socket" "$session" "${dir:-/}" "${tmux_args[@]}") || fail $?
+  say started "$started"
+}
+
+step_ready() {  # until the job is past start-up: `startup ready|starting|interrupted`, or
+  # `ended STATE-LINE` after its log's last lines (`tail LINE`, 20 of them, 500 bytes each)
+  local n=0 dead rest pid from=$((logged + 1)) line
+  [ "$wait" -gt 0 ] || return 0
+  say step ready
+  lock_release "$lock" "$record"  # the job has started: nothing here changes any more
+  IFS='|' read -r dead rest rest pid rest <<< "$started"
+  while :; do
+    if tail -c "+$from" -- "$log" 2>/dev/null | grep -qF -- "$ready"; then
+      say startup ready; return 0
+    fi
+    if [ "$dead" = 1 ] || ! proc_start "$pid" >/dev/null; then
+      while IFS= read -r line; do say tail "$line"; done < <(tail -n 20 -- "$log" | cut -b 1-500)
+      say ended "$(job_state "$socket" "$session")"; return 0
+    fi
+    [ "$n" -lt "$wait" ] || { say startup starting; return 0; }
+    if read -r -t 0; then say startup interrupted; return 0; fi  # the caller let go
+    sleep 0.1; n=$((n + 1))
+  done
 }
 
 site_main() {  # $1 the command, then its options
@@ -442,7 +469,7 @@ site_main() {  # $1 the command, then its options
   esac
   step_stop
   case $command in deploy | restart) step_archive ;; esac
-  [ "$command" = stop ] || step_start
+  if [ "$command" != stop ]; then step_start; step_ready; fi
   say step 'done'
 }
 

@@ -96,6 +96,8 @@ def test_defaults(tmp_path: Path) -> None:
         ("[job]\nlog = '../x'\n", "'job.log'"),
         ("[job]\nenv = { 'A B' = '1' }\n", "'job.env.A B'"),
         ("[job]\nstop_timeout = 0\n", "'job.stop_timeout'"),
+        ("[job]\nstart_wait = -1\n", "'job.start_wait'"),
+        ("[job]\nready = ' '\n", "'job.ready'"),
     ],
 )
 def test_errors_name_key_and_file(tmp_path: Path, text: str, words: str) -> None:

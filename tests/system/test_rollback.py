@@ -129,7 +129,7 @@ def test_two_deploys_at_once_one_fails_naming_the_other(local: Where) -> None:
 
 
 def test_stop_restart_rollback_wait_for_the_lock_and_force_takes_it(local: Where) -> None:
-    local.config("sleep 30", extra="lock_wait = 0.3\n")
+    local.config("echo up; exec sleep 30", extra="lock_wait = 0.3\n")
     local.root.mkdir(parents=True)
     holder = {"by": "ann@laptop", "host": "laptop", "pid": 4242, "since": time.time(),
               "doing": "deploy", "token": "feedbeef"}  # fmt: skip
