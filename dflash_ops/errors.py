@@ -186,6 +186,10 @@ class ExportError(DflashError):
     hint = "Check the checkpoint at the place (dflash checkpoints), then run again."
 
 
+class Interrupted(DflashError):
+    """Ctrl-C (or SIGTERM) stopped a command; the message says what was left at the place."""
+
+
 class JobEndedAtStartUp(DflashError):
     """The job just started ended with a failure before it was past start-up (its readiness
     line); the message carries the last lines of its log."""

@@ -42,7 +42,7 @@ from dflash_ops.cli import (
 )
 from dflash_ops.cli.context import Globals
 from dflash_ops.cli.options import ConfigOption, VerboseOption
-from dflash_ops.errors import DflashError
+from dflash_ops.errors import DflashError, Interrupted
 
 app = typer.Typer(
     name="dflash",
@@ -117,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     try:
         app(args=args, prog_name="dflash")
+    except Interrupted as exc:  # what was left at the place, said as it is
+        output.info(str(exc))
+        output.hint(exc.hint)
+        sys.exit(130)
     except DflashError as exc:
         output.error(exc)
         sys.exit(1)

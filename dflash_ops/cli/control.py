@@ -95,3 +95,4 @@ def restart(
         f"{output.started(report.started, report.startup, waited=waited)}."
     )
     output.startup_lines(report.startup)
+    output.went_on("restart", report.release, interrupted=report.interrupted)

@@ -45,11 +45,13 @@ def deploy(
     """Ship trainer/ to the target and (re)start the job there.
 
     Builds a release (trainer/, the [train] settings, a launch script), sends it as one tar
-    stream into <root>/releases/<id>, switches <root>/current to it, keeps the last 5,
-    stops the running job, archives the old checkpoints (unless --resume) and starts the job
-    in tmux, then waits until it is past start-up (the trainer's "started training" line, at
+    stream into <root>/releases/<id>, stops the running job, switches <root>/current to the
+    release, keeps the last 5, archives the old checkpoints (unless --resume) and starts the
+    job in tmux, then waits until it is past start-up (the trainer's "started training" line, at
     most [job] start_wait seconds): a job that ended there fails the deploy with its log's last
-    lines. The target is remembered for the next commands run from this folder.
+    lines. The target is remembered for the next commands run from this folder. Ctrl-C before
+    the running job is stopped changes nothing; from the stop on, the deploy goes on to start
+    the new release (and says so).
 
     \b
     Examples:
@@ -82,4 +84,5 @@ def deploy(
         f"{output.started(report.started, report.startup, waited=waited)}."
     )
     output.startup_lines(report.startup)
+    output.went_on("deploy", report.release, interrupted=report.interrupted)
     output.info(f"Follow it with: {command(ctx, 'logs', '--follow')}")

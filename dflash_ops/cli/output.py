@@ -49,13 +49,22 @@ def started(job: JobState, startup: StartUp | None, *, waited: float) -> str:
     """How the job just started is doing, for the success line of deploy, restart, rollback:
     past start-up, still starting after the wait, or exited 0 (its lines follow)."""
     name = repr(job.session)
-    if startup is None:
+    if startup is None or startup.outcome == "interrupted":
         return f"job {name} {'running' if job.running else 'exited already'}"
     if startup.outcome == "ready":
         return f"job {name} running, past start-up"
     if startup.outcome == "starting":
         return f"job {name} running, still starting after {waited:g} s (dflash logs --follow)"
     return f"job {name} exited 0 at start-up; the last lines of its log:"
+
+
+def went_on(doing: str, release: str, *, interrupted: bool) -> None:
+    """After a Ctrl-C that came once the old job was stopping: which job runs now."""
+    if interrupted:
+        info(
+            f"Interrupted after the running job was stopped: the {doing} went on: release "
+            f"{release} is running."
+        )
 
 
 def startup_lines(startup: StartUp | None) -> None:

@@ -100,3 +100,4 @@ def rollback(
         f"{output.started(report.started, report.startup, waited=waited)}."
     )
     output.startup_lines(report.startup)
+    output.went_on("rollback", report.release, interrupted=report.interrupted)

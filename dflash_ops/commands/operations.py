@@ -1,11 +1,13 @@
 """What each command does, in order, on a `Workspace`. The CLI only parses and prints.
 
 deploy:  build the bundle; then, at the place in ONE command (`remote/site.sh deploy`): check tmux and
-         python → take the lock → push it (one tar stream) → switch `current` → keep the last 5
-         → stop the running job → archive the checkpoints (unless resuming) → start the job →
-         release the lock; remember the target in `.dflash/state.json`.
+         python → take the lock → push it (one tar stream) → check it → stop the running job →
+         switch `current` → keep the last 5 → archive the checkpoints (unless resuming) → start
+         the job → release the lock → wait until it is past start-up; remember the target in
+         `.dflash/state.json`. Ctrl-C before the stop changes nothing; from the stop on the
+         command goes to the end (`remote/interrupt.py`).
 restart: stop → archive (with `--clean`) → start the job of the current release (one command).
-rollback: switch `current` to an earlier complete release → stop → start (resuming; one command).
+rollback: stop → switch `current` to an earlier complete release → start (resuming; one command).
 stop:    SIGINT, SIGTERM, SIGKILL to the job's process group, then end the session (one command).
 
 deploy, restart, rollback and stop hold the target's deploy lock (`remote/lock.py`) while they act, so
@@ -52,6 +54,7 @@ class DeployReport:
     archived: str | None
     started: JobState
     startup: StartUp | None = None  # None: not waited for (`wait=False`, `start_wait = 0`)
+    interrupted: bool = False  # Ctrl-C came once the old job was stopping: the deploy went on
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +64,7 @@ class RestartReport:
     archived: str | None
     started: JobState
     startup: StartUp | None = None
+    interrupted: bool = False
 
 
 def start_wait(ws: Workspace, *, wait: bool, tool: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -133,8 +137,8 @@ def deploy(
     wait: bool = True,
 ) -> DeployReport:
     """Build the bundle here, then do everything at the place in ONE command
-    (`remote/site.sh deploy`): preflight (tmux, python), lock, unpack, switch, prune, stop, archive,
-    start, unlock. A held lock costs `DeployLock.acquire`'s commands and one more run.
+    (`remote/site.sh deploy`): preflight (tmux, python), lock, unpack, check, stop, switch,
+    prune, archive, start, unlock, ready. A held lock costs `DeployLock.acquire`'s commands and one more run.
     `tool` makes the job run another trainer module than `trainer.train` (`dflash generate`).
     `force_resume`: this start of the trainer resumes even from a checkpoint written with other
     model/data settings (`DFLASH_FORCE_RESUME=1` in its env; later restarts do not).
@@ -159,7 +163,7 @@ def deploy(
         preflight=True,
         **start_wait(ws, wait=wait, tool=tool),
     )
-    done = client.run(remote, steps, force=force)
+    done = client.run(remote, steps, force=force, notice=say)
     assert done.started is not None
     if done.stopped is not None:
         say(f"Stopped the previous job (exit {done.stopped.exit_code}).")
@@ -183,6 +187,7 @@ def deploy(
         archived=done.archived,
         started=done.started,
         startup=startup,
+        interrupted=done.interrupted,
     )
 
 
@@ -197,7 +202,7 @@ def restart(
     """stop → archive (with `clean`) → start on `current`: one command at the place; then,
     with `wait`, until the job is past start-up."""
     steps = client.Steps(doing="restart", archive=clean, **start_wait(ws, wait=wait))
-    done = client.run(remote_plan(ws, warn=say), steps, force=force)
+    done = client.run(remote_plan(ws, warn=say), steps, force=force, notice=say)
     assert done.release is not None and done.started is not None
     startup = started(ws, done, release=done.release, redo="dflash restart")
     return RestartReport(
@@ -206,6 +211,7 @@ def restart(
         archived=done.archived,
         started=done.started,
         startup=startup,
+        interrupted=done.interrupted,
     )
 
 
@@ -220,12 +226,12 @@ def rollback(
     """Point `current` at an earlier complete release and restart the job on it (resuming:
     the checkpoints stay where they are). The target is chosen from `current` as read now;
     the one command takes the lock, checks that `current` has not moved since, and does
-    switch → stop → start."""
+    stop → switch → start."""
     remote = remote_plan(ws, warn=say)
     current = remote.releases.current()
     target = remote.releases.rollback_target(to)
     steps = client.Steps(doing="rollback", switch_to=target, **start_wait(ws, wait=wait))
-    done = client.run(remote, steps, force=force, expect=current or "")
+    done = client.run(remote, steps, force=force, expect=current or "", notice=say)
     assert done.started is not None
     startup = started(ws, done, release=target, redo="dflash restart")
     return RestartReport(
@@ -234,6 +240,7 @@ def rollback(
         archived=None,
         started=done.started,
         startup=startup,
+        interrupted=done.interrupted,
     )
 
 
@@ -243,7 +250,7 @@ def stop(
     """SIGINT → SIGTERM → SIGKILL, end the session: one command at the place, under the lock.
     `save=False`: SIGTERM right after SIGINT, so the trainer ends without its stop checkpoint."""
     steps = client.Steps(doing="stop", save=save)
-    return client.run(remote_plan(ws, warn=say), steps, force=force).stopped
+    return client.run(remote_plan(ws, warn=say), steps, force=force, notice=say).stopped
 
 
 def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, BinaryIO, Protocol, runtime_checkable
 
@@ -43,14 +43,20 @@ CHUNK = 64 * 1024
 
 @dataclass(frozen=True)
 class HeldOpen:
-    """stdin `data`, then no end of input: the command's stdin stays open until it exits.
+    """stdin `data`, then no end of input: the command's stdin stays open until it exits, or
+    until `let_go()` (its output is still read to the end).
 
     Its stdin reaching EOF before then tells the command that whoever started it is gone (this
-    process killed, the connection dropped): a long remote command watches it to stop acting
-    on an authority it no longer has (`remote/site.sh`).
+    process killed, the connection dropped) or let go of it (an interrupt): a long remote
+    command watches it to stop acting on an authority it no longer has (`remote/site.sh`).
     """
 
     data: bytes = b""
+    ended: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+
+    def let_go(self) -> None:
+        """End the command's input now (what is left of `data` is not sent)."""
+        self.ended.set()
 
 
 Stdin = bytes | bytearray | memoryview | BinaryIO | HeldOpen | None
@@ -152,7 +158,12 @@ def _chunks_of(stdin: Stdin) -> Iterator[bytes]:
     if stdin is None:
         return
     if isinstance(stdin, HeldOpen):
-        stdin = stdin.data
+        held, view = stdin, memoryview(stdin.data)
+        for start in range(0, len(view), CHUNK):
+            if held.ended.is_set():
+                return
+            yield bytes(view[start : start + CHUNK])
+        return
     if isinstance(stdin, bytes | bytearray | memoryview):
         view = memoryview(stdin)
         for start in range(0, len(view), CHUNK):
@@ -247,9 +258,7 @@ class LocalTransport:
         try:
             proc.wait(timeout=_remaining(deadline))
             if isinstance(stdin, HeldOpen):
-                writer.join(_remaining(deadline))
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()
+                stdin.let_go()  # the writer closes the command's stdin
             # Output ends when the last holder of the pipes exits, which may be a background
             # child of the command: that is bounded by the same deadline.
             for thread in (writer, out, err):
@@ -261,6 +270,9 @@ class LocalTransport:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise CommandTimedOut(f"{args[0]} did not finish within {timeout} s locally") from None
+        finally:
+            if isinstance(stdin, HeldOpen):
+                stdin.let_go()
         return Result(args, self._status(proc.returncode), out.data, err.data)
 
     @staticmethod
@@ -270,9 +282,9 @@ class LocalTransport:
             for chunk in _chunks_of(stdin):
                 proc.stdin.write(chunk)
             if isinstance(stdin, HeldOpen):
-                proc.stdin.flush()  # `run` closes it once the command has exited
-            else:
-                proc.stdin.close()
+                proc.stdin.flush()
+                stdin.ended.wait()  # until the command exited, or we let go of it
+            proc.stdin.close()
         except (BrokenPipeError, ValueError):
             pass  # the command exited without reading all of its input, as `head` does
 
@@ -422,8 +434,12 @@ class SSHTransport:
         err.start()
         writer = threading.Thread(target=self._feed, args=(channel, stdin), daemon=True)
         writer.start()
+        # A held stdin ends with the command (or `let_go`): its writer is joined last.
+        threads = (out, err, writer) if isinstance(stdin, HeldOpen) else (writer, out, err)
         try:
-            for thread in (writer, out, err):
+            for thread in threads:
+                if thread is writer and isinstance(stdin, HeldOpen):
+                    stdin.let_go()
                 thread.join(_remaining(deadline))
                 if thread.is_alive():
                     raise CommandTimedOut(
@@ -431,6 +447,8 @@ class SSHTransport:
                     )
             code = self._exit_status(channel, args)
         finally:
+            if isinstance(stdin, HeldOpen):
+                stdin.let_go()
             channel.close()
         if out.error or err.error:
             raise self._lost(args, out.error or err.error)
@@ -443,8 +461,9 @@ class SSHTransport:
         try:
             for chunk in _chunks_of(stdin):
                 channel.sendall(chunk)
-            if not isinstance(stdin, HeldOpen):  # held: the channel's close ends it
-                channel.shutdown_write()
+            if isinstance(stdin, HeldOpen):
+                stdin.ended.wait()  # until the command exited, or we let go of it
+            channel.shutdown_write()
         except (OSError, EOFError, paramiko.SSHException):
             pass  # the command ended (or the connection died) before reading all input
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Literal
 
 from dflash_ops.connect.transport import HeldOpen, Result
-from dflash_ops.errors import DflashError, RemoteCommandFailed
+from dflash_ops.errors import DflashError, Interrupted, RemoteCommandFailed
+from dflash_ops.remote import interrupt
 from dflash_ops.remote.checkpoints import Checkpoints, PruneReport
 from dflash_ops.remote.job import Job, JobState, StartUp
 from dflash_ops.remote.lock import DeployLock, Owner
@@ -116,6 +117,7 @@ class Done:
     started: JobState | None
     logged: int = 0  # the log's size before the start: the new job's output begins there
     startup: StartUp | None = None  # how its start-up went (None: not waited for)
+    interrupted: bool = False  # an interrupt came after the stop began: the command went on
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,23 +187,46 @@ def _preflight(plan: DeployPlan, steps: Steps) -> list[tuple[str, str]]:
     return words + [("check", word) for word in plan.preflight.check]
 
 
-def run(plan: DeployPlan, steps: Steps, *, force: bool = False, expect: str = "") -> Done:
+def run(
+    plan: DeployPlan,
+    steps: Steps,
+    *,
+    force: bool = False,
+    expect: str = "",
+    notice: Callable[[str], None] | None = None,
+) -> Done:
     """Run `steps` at the place: one command when the lock is free. A held lock is judged
     here (`DeployLock.judge`, with the place's word on whether the holding program lives): the
     command runs again after a short wait, or taking over the stale record, until the lock's
-    wait is over (`LockHeld`). The program holds the lock itself and releases it on exit."""
+    wait is over (`LockHeld`). The program holds the lock itself and releases it on exit.
+
+    Ctrl-C meanwhile (`interrupt`): `notice` is told at once; before the stop the command ends
+    with nothing changed (`Interrupted`), from the stop on it goes on to the end (`Done` with
+    `interrupted`); a second Ctrl-C leaves without its answer (`Interrupted`)."""
     archive = plan.checkpoints.archive_dest() if steps.archive else ""
     owner = Owner.me(steps.doing)
     deadline = time.monotonic() + plan.lock.wait
     stale = ""
-    while True:
-        outcome = _run(plan, steps, owner, stale=stale, archive=archive, expect=expect)
-        if outcome.exit_code != HELD or outcome.held is None:
-            break
-        judged = plan.lock.judge(
-            outcome.held, force=force, deadline=deadline, holder=outcome.fact("holder")
-        )
-        stale = judged or ""
+    say = notice or _quiet
+    with interrupt.deferred(lambda: say(_notice(steps.doing))) as caught:
+        try:
+            while True:
+                if caught.asked:
+                    raise _interrupted_before(plan, steps)
+                held = caught.hold(HeldOpen(steps.bundle.data if steps.bundle else b""))
+                outcome = _run(
+                    plan, steps, owner, held, stale=stale, archive=archive, expect=expect
+                )
+                if outcome.exit_code != HELD or outcome.held is None or caught.asked:
+                    break
+                judged = plan.lock.judge(
+                    outcome.held, force=force, deadline=deadline, holder=outcome.fact("holder")
+                )
+                stale = judged or ""
+        except KeyboardInterrupt:
+            raise _left(plan, steps) from None
+    if caught.asked and "stop" not in outcome.steps:
+        raise _interrupted_before(plan, steps)
     if outcome.exit_code != 0 or outcome.step != "done":
         raise error(plan, steps, outcome)
     stopped, started = outcome.fact("stopped"), outcome.fact("started")
@@ -213,6 +238,37 @@ def run(plan: DeployPlan, steps: Steps, *, force: bool = False, expect: str = ""
         started=plan.job.parse_line(started) if started else None,
         logged=int(outcome.fact("logged") or 0),
         startup=_startup(plan.job, outcome),
+        interrupted=caught.asked,
+    )
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _notice(doing: str) -> str:
+    goes_on = "stop" if doing == "stop" else f"{doing}, up to the start of the job"
+    return (
+        f"Interrupted: finishing safely. Before the running job is stopped nothing changes; once "
+        f"it is stopping, the {goes_on}, goes on. Ctrl-C again to leave without waiting."
+    )
+
+
+def _interrupted_before(plan: DeployPlan, steps: Steps) -> Interrupted:
+    where = plan.releases.place.description
+    return Interrupted(
+        f"Interrupted before the running job was stopped: the {steps.doing} changed nothing "
+        f"at {where}.",
+        hint=f"Run dflash {steps.doing} again when you want it.",
+    )
+
+
+def _left(plan: DeployPlan, steps: Steps) -> Interrupted:
+    where = plan.releases.place.description
+    return Interrupted(
+        f"Interrupted twice: left without waiting for {where}. Its {steps.doing} either changed "
+        "nothing or, if the running job was already stopping, goes on to the end there.",
+        hint="dflash status shows which release runs.",
     )
 
 
@@ -237,13 +293,20 @@ def printable(line: str) -> str:
 
 
 def _run(
-    plan: DeployPlan, steps: Steps, owner: Owner, *, stale: str, archive: str, expect: str
+    plan: DeployPlan,
+    steps: Steps,
+    owner: Owner,
+    held: HeldOpen,
+    *,
+    stale: str,
+    archive: str,
+    expect: str,
 ) -> Outcome:
     # stdin: the bundle (if any), then held open until the program exits: its end tells the
-    # program that this command is gone (`watch_caller`).
+    # program that this command is gone or let go of it (`watch_caller`, `hold_on`).
     result = plan.releases.place.run(
         argv(plan, steps, owner, stale=stale, archive=archive, expect=expect),
-        stdin=HeldOpen(steps.bundle.data if steps.bundle is not None else b""),
+        stdin=held,
         check=False,
         timeout=plan.job.stop_seconds() + 600.0,
     )
@@ -304,6 +367,7 @@ _ERRORS: dict[str, Failure] = {
     "check": _check_failed,
     "unpack": _unpack_failed,
     "switch": _switch_failed,
+    "expect": _switch_failed,
     "current": _no_current,
     "stop": _stop_failed,
     "start": _start_failed,

@@ -23,9 +23,14 @@
 #
 # The steps of deploy, in order: tmux, python (--probe) → lock → unpack → check (--check: the
 # trainer's own check of the release's train.toml; a failure removes the unpacked release) →
-# switch → prune → stop → archive (--archive-to) → start → done. Nothing stops before the check
-# passed. Restart reads `current` instead of unpacking; rollback only switches (while `current`
-# is still --expect); stop only stops.
+# stop → switch → prune → archive (--archive-to) → start → ready → done. Nothing stops before
+# the check passed. Restart reads `current` instead of unpacking; rollback checks that `current`
+# is still --expect (`expect`), then switches after the stop; stop only stops.
+#
+# The stop is the point of no return (`hold_on`): a caller gone before it leaves everything as
+# it was (nothing but a lock and an unfinished `.tmp` release was touched, and the lock goes);
+# from it on, the command goes on to the end whatever becomes of its caller, so the place is
+# never left without its job: the new release (deploy, rollback), the same one (restart).
 #
 # The steps run in their own process group, and this program never outlives the command that
 # started it: stdin carries the bundle (exactly its size) and then stays open until the program
@@ -36,6 +41,7 @@
 readonly HELD=3         # the lock is held by someone else
 readonly PREFLIGHT=10   # tmux or python failed
 readonly RUNNING=5      # the job's session is running (start refused)
+readonly GONE=143       # the caller let go before the stop: nothing was stopped
 readonly COMPLETE=.complete  # written last into a release: everything before it is on disk
 readonly ARCHIVE=archive     # the folder of archived runs inside the checkpoints folder
 # The pane's state line (job.py parses it): dead|status|signal|pid|created|server pid
@@ -300,13 +306,24 @@ watch_caller() {  # $1 our process group: ended once stdin (the caller's line) c
     while kill -0 "$1" 2>/dev/null && [ "$n" -lt 30 ]; do sleep 0.1; n=$((n + 1)); done
     kill -s KILL -- "-$1"
   } 0<&0 >/dev/null 2>&1 &
+  watcher=$!
+}
+
+hold_on() {  # the point of no return, as the stop begins: from here on the steps go to the end
+  # Signals are handled (not ignored: what is started after gets their default again) and the
+  # caller's watcher goes; a caller that let go before this moment (its end of stdin closed:
+  # `read -t 0` finds EOF) still leaves everything as it was.
+  trap ':' TERM HUP INT PIPE
+  if [ -n "$watcher" ]; then kill -s KILL "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; fi
+  watcher=""
+  if read -r -t 0; then exit "$GONE"; fi
 }
 
 usage() { echo "site.sh: $1" >&2; exit 2; }
 
 parse_options() {  # named options into the globals below; after `--`: tmux's start arguments
   root="" id="" size="" keep=5 lock="" owner="" stale="" ckpt="" dest="" expect=""
-  socket="" session="" log="" ticks="" run="" wait=0 ready=""
+  socket="" session="" log="" ticks="" run="" wait=0 ready="" watcher=""
   probe=() checker=() tmux_args=()
   while [ "$#" -gt 0 ]; do
     case $1 in
@@ -383,12 +400,17 @@ step_unpack_and_check() {  # the bundle into releases/<id>.tmp, then the trainer
   fi
 }
 
-step_switch() {  # `current` → releases/<id> (rollback: only while it still is --expect)
-  say step switch
-  if [ -n "$expect" ] && [ "$(readlink -- "$root/current")" != "releases/$expect" ]; then
+step_expect() {  # rollback: `current` must still be --expect (its target was chosen from it)
+  [ -n "$expect" ] || return 0
+  say step expect
+  if [ "$(readlink -- "$root/current")" != "releases/$expect" ]; then
     echo "current is no longer $expect (another command switched it); run again" >&2
     fail 1
   fi
+}
+
+step_switch() {  # `current` → releases/<id>
+  say step switch
   names=$(release_switch "$root" "$id") || fail $?
 }
 
@@ -407,8 +429,9 @@ step_current() {  # restart: the release `current` points at
   say current "${current##*/}"
 }
 
-step_stop() {
+step_stop() {  # the point of no return (`hold_on`)
   local line
+  hold_on
   say step stop
   line=$(job_stop "$socket" "$session" "$ticks") || fail $?
   [ -z "$line" ] || say stopped "$line"
@@ -463,12 +486,16 @@ site_main() {  # $1 the command, then its options
   if [ "$command" = deploy ] && [ "${#probe[@]}" -gt 0 ]; then step_preflight; fi
   step_lock
   case $command in
-    deploy) step_unpack_and_check; step_switch; step_prune ;;
-    rollback) step_switch ;;
+    deploy) step_unpack_and_check ;;
+    rollback) step_expect ;;
     restart) step_current ;;
   esac
   step_stop
-  case $command in deploy | restart) step_archive ;; esac
+  case $command in
+    deploy) step_switch; step_prune; step_archive ;;
+    rollback) step_switch ;;
+    restart) step_archive ;;
+  esac
   if [ "$command" != stop ]; then step_start; step_ready; fi
   say step 'done'
 }
