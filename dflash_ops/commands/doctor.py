@@ -10,7 +10,7 @@ same functions: `remote/client.py`) say the same words.
 
 Order and dependencies:
 
-    reachable (ssh/proxmox) → container (proxmox) → tmux, python → torch → cuda → gpu count
+    reachable (ssh/proxmox) → container (proxmox) → tmux, python → imports, torch → cuda → gpu count
                                                   → checkpoints, target model
                                          python → train config (trainer.check on the bundle)
                                                   → smoke (torch; ships trainer/ to a scratch folder)
@@ -31,12 +31,14 @@ from dflash_ops.commands.checks import (
     check_container,
     check_cuda,
     check_gpu_count,
+    check_imports,
     check_model,
     check_python,
     check_reachable,
     check_tmux,
     check_torch,
     from_error,
+    judge_imports,
     judge_python,
     judge_tmux,
     python_probe_argv,
@@ -78,6 +80,7 @@ def plan(target: Target, *, gpu_smoke: bool = True) -> list[Step]:
     steps += [
         Step("tmux", check_tmux, base),
         Step("python", check_python, base),
+        Step("imports", check_imports, (*base, "python")),
         Step("torch", check_torch, (*base, "python")),
         Step("cuda", check_cuda, (*base, "python", "torch")),
         Step("gpu count", check_gpu_count, (*base, "python", "torch", "cuda")),
@@ -131,7 +134,9 @@ def deploy_preflight(setup: Setup, where: str) -> Preflight:
     def failed(step: str, result: Result) -> DflashError:
         if step == "tmux":
             return failure(judge_tmux(setup, where, result))
-        return failure(judge_python(setup, where, result, Findings()))
+        found = Findings()
+        python = judge_python(setup, where, result, found)
+        return failure(python if not python.ok else judge_imports(setup, found))
 
     return Preflight(
         probe=python_probe_argv(setup),
