@@ -186,6 +186,12 @@ class ExportError(DflashError):
     hint = "Check the checkpoint at the place (dflash checkpoints), then run again."
 
 
+class SetupFailed(DflashError):
+    """`dflash setup` could not build the job's venv at the place."""
+
+    hint = "Read pip's lines above, fix what they say, then run dflash setup again."
+
+
 class Interrupted(DflashError):
     """Ctrl-C (or SIGTERM) stopped a command; the message says what was left at the place."""
 

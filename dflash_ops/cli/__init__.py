@@ -2,6 +2,7 @@
 
     dflash init [--host H [--ct N]] [--model PATH] [--force]
     dflash doctor [--host H [--ct N] | --target NAME] [--json] [--no-gpu-smoke]
+    dflash setup                 (build the job's venv at the place: [venv] of deploy.toml)
     dflash deploy [--host H [--ct N] | --target NAME] [--resume]
     dflash logs [--follow] [--tail N]
     dflash status [--json]
@@ -38,6 +39,7 @@ from dflash_ops.cli import (
     output,
     plan,
     releases,
+    setup,
     status,
 )
 from dflash_ops.cli.context import Globals
@@ -55,6 +57,7 @@ app = typer.Typer(
 for group in (
     init,
     doctor,
+    setup,
     deploy,
     logs,
     status,

@@ -206,6 +206,11 @@ def judge_python(setup: Setup, where: str, result: Result, found: Findings) -> C
         f'Install Python 3.11+ there, or set python = "/path/to/python" in the target\'s table '
         f"of deploy.toml (now {python!r})."
     )
+    if setup.target.venv is not None:
+        fix = (
+            f"Build the job's venv: dflash setup (from {setup.target.venv.base}; dflash deploy "
+            "builds it too when it is missing)."
+        )
     try:
         found.python = json.loads(result.stdout_text.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -250,6 +255,11 @@ def judge_imports(setup: Setup, found: Findings) -> Check:
 def environment_fix(setup: Setup) -> str:
     """How to give the job a python with the trainer's modules, under PEP 668 too (Debian and
     Ubuntu refuse `pip install` into the system python): a virtual environment."""
+    if setup.target.venv is not None:
+        return (
+            f"Run dflash setup: it builds {setup.target.venv.folder} from trainer/{REQUIREMENTS}"
+            " and [venv] packages (a module neither provides goes into [venv] packages)."
+        )
     return (
         "Give the job a python that has them: add a [venv] table to deploy.toml and run "
         f"dflash setup, which builds a virtual environment at the place from trainer/{REQUIREMENTS} "

@@ -126,6 +126,10 @@ class PreflightFailed(DflashError):
     """tmux or python failed deploy's preflight; the message is the check's, the hint its fix."""
 
 
+class VenvNotBuilt(PreflightFailed):
+    """The job's python is a `[venv]` that is not built at the place yet (`dflash setup`)."""
+
+
 def deploy_preflight(setup: Setup, where: str) -> Preflight:
     """What deploy checks inside its one command before anything changes, in doctor's words:
     `tmux -V` and the job's python answering the version probe (judged by `judge_tmux` and
@@ -136,6 +140,8 @@ def deploy_preflight(setup: Setup, where: str) -> Preflight:
             return failure(judge_tmux(setup, where, result))
         found = Findings()
         python = judge_python(setup, where, result, found)
+        if not python.ok and setup.target.venv is not None and result.exit_code in (126, 127):
+            return VenvNotBuilt(f"python: {python.detail}", hint=python.fix)
         return failure(python if not python.ok else judge_imports(setup, found))
 
     return Preflight(

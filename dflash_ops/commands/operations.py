@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_ops.commands import doctor, gpus
+from dflash_ops.commands import doctor, environment, gpus
 from dflash_ops.commands.checks import Setup
 from dflash_ops.commands.workspace import Workspace
 from dflash_ops.errors import JobEndedAtStartUp
@@ -35,11 +35,13 @@ from dflash_ops.remote.job import JobState, StartUp
 from dflash_ops.remote.launch import LaunchPlan
 from dflash_ops.remote.release import build_bundle, new_release_id
 from dflash_ops.settings import state
-from trainer.stopping import STARTED
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
 FORCE_RESUME_ENV = "DFLASH_FORCE_RESUME"  # read by trainer.train
+# The trainer's readiness line, as it logs it (`trainer.stopping.started_line`): the job is past
+# start-up (tests/system/test_startup.py deploys the real trainer and waits for it).
+STARTED = "started training at step"
 
 
 def _quiet(_: str) -> None:
@@ -163,7 +165,12 @@ def deploy(
         preflight=True,
         **start_wait(ws, wait=wait, tool=tool),
     )
-    done = client.run(remote, steps, force=force, notice=say)
+    try:
+        done = client.run(remote, steps, force=force, notice=say)
+    except doctor.VenvNotBuilt:  # built once, then every deploy finds it
+        say(f"Building the job's environment at {ws.target.describe()} (dflash setup):")
+        environment.build(ws, say=say)
+        done = client.run(remote, steps, force=force, notice=say)
     assert done.started is not None
     if done.stopped is not None:
         say(f"Stopped the previous job (exit {done.stopped.exit_code}).")

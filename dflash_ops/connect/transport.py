@@ -43,19 +43,16 @@ CHUNK = 64 * 1024
 
 @dataclass(frozen=True)
 class HeldOpen:
-    """stdin `data`, then no end of input: the command's stdin stays open until it exits, or
-    until `let_go()` (its output is still read to the end).
-
-    Its stdin reaching EOF before then tells the command that whoever started it is gone (this
-    process killed, the connection dropped) or let go of it (an interrupt): a long remote
-    command watches it to stop acting on an authority it no longer has (`remote/site.sh`).
-    """
+    """stdin `data`, then no end of input until the command exits or `let_go()` (the rest of
+    `data` unsent, the output still read to the end). Its stdin reaching EOF before then tells
+    the command that whoever started it is gone (this process killed, the connection dropped)
+    or let go of it (an interrupt): a long remote command watches it to stop acting on an
+    authority it no longer has (`remote/site.sh`)."""
 
     data: bytes = b""
     ended: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 
     def let_go(self) -> None:
-        """End the command's input now (what is left of `data` is not sent)."""
         self.ended.set()
 
 
@@ -157,20 +154,22 @@ class StreamResult(Iterator[bytes]):
 def _chunks_of(stdin: Stdin) -> Iterator[bytes]:
     if stdin is None:
         return
-    if isinstance(stdin, HeldOpen):
-        held, view = stdin, memoryview(stdin.data)
+    held = stdin if isinstance(stdin, HeldOpen) else None
+    source = stdin.data if isinstance(stdin, HeldOpen) else stdin
+    if isinstance(source, bytes | bytearray | memoryview):
+        view = memoryview(source)
         for start in range(0, len(view), CHUNK):
-            if held.ended.is_set():
-                return
+            if held is not None and held.ended.is_set():
+                return  # let go of: the rest is not sent
             yield bytes(view[start : start + CHUNK])
         return
-    if isinstance(stdin, bytes | bytearray | memoryview):
-        view = memoryview(stdin)
-        for start in range(0, len(view), CHUNK):
-            yield bytes(view[start : start + CHUNK])
-        return
-    while chunk := stdin.read(CHUNK):
+    while chunk := source.read(CHUNK):
         yield chunk
+
+
+def _let_go(stdin: Stdin) -> None:
+    if isinstance(stdin, HeldOpen):
+        stdin.let_go()
 
 
 def _pipe(stream: IO[bytes] | None) -> io.BufferedReader:
@@ -257,8 +256,7 @@ class LocalTransport:
         deadline = _deadline(timeout)
         try:
             proc.wait(timeout=_remaining(deadline))
-            if isinstance(stdin, HeldOpen):
-                stdin.let_go()  # the writer closes the command's stdin
+            _let_go(stdin)  # the writer closes the command's stdin
             # Output ends when the last holder of the pipes exits, which may be a background
             # child of the command: that is bounded by the same deadline.
             for thread in (writer, out, err):
@@ -271,8 +269,7 @@ class LocalTransport:
             proc.wait()
             raise CommandTimedOut(f"{args[0]} did not finish within {timeout} s locally") from None
         finally:
-            if isinstance(stdin, HeldOpen):
-                stdin.let_go()
+            _let_go(stdin)
         return Result(args, self._status(proc.returncode), out.data, err.data)
 
     @staticmethod
@@ -434,12 +431,10 @@ class SSHTransport:
         err.start()
         writer = threading.Thread(target=self._feed, args=(channel, stdin), daemon=True)
         writer.start()
-        # A held stdin ends with the command (or `let_go`): its writer is joined last.
-        threads = (out, err, writer) if isinstance(stdin, HeldOpen) else (writer, out, err)
         try:
-            for thread in threads:
-                if thread is writer and isinstance(stdin, HeldOpen):
-                    stdin.let_go()
+            for thread in (out, err, writer):  # a held stdin ends once the output has
+                if thread is writer:
+                    _let_go(stdin)
                 thread.join(_remaining(deadline))
                 if thread.is_alive():
                     raise CommandTimedOut(
@@ -447,8 +442,7 @@ class SSHTransport:
                     )
             code = self._exit_status(channel, args)
         finally:
-            if isinstance(stdin, HeldOpen):
-                stdin.let_go()
+            _let_go(stdin)
             channel.close()
         if out.error or err.error:
             raise self._lost(args, out.error or err.error)

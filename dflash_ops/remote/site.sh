@@ -10,6 +10,8 @@
 #   rollback --release ID [--expect ID] COMMON START -- TMUX-ARGS…
 #   stop     COMMON
 #   prune-run --checkpoints DIR --run DIR   (delete one archived run, proven to be one)
+#   venv     --venv DIR --python BASE --requirements TEXT [--torch-index URL --torch REQ]
+#            [--wheels DIR] [--system-site 1] --probe ARG…   (build the job's venv, once)
 #
 #   COMMON: --root DIR --lock PATH --owner JSON [--stale RECORD] --checkpoints DIR
 #           --socket NAME --session NAME --log FILE --stop-ticks INT,TERM,KILL
@@ -42,6 +44,7 @@ readonly HELD=3         # the lock is held by someone else
 readonly PREFLIGHT=10   # tmux or python failed
 readonly RUNNING=5      # the job's session is running (start refused)
 readonly GONE=143       # the caller let go before the stop: nothing was stopped
+readonly NO_VENV=20 NO_INSTALL=21 MISSING=22  # venv: its creation, pip, a module missing
 readonly COMPLETE=.complete  # written last into a release: everything before it is on disk
 readonly ARCHIVE=archive     # the folder of archived runs inside the checkpoints folder
 # The pane's state line (job.py parses it): dead|status|signal|pid|created|server pid
@@ -294,6 +297,49 @@ job_start() {  # $1 socket, $2 session, $3 the log's folder, then tmux's start a
   printf '%s\n' "$line"
 }
 
+# --- the job's venv: built once per requirements, from the target's python -----------------
+
+venv_check() {  # the venv's python finds every module of the trainer (--probe: one python -c)
+  local out rc
+  out=$("${probe[@]}" </dev/null); rc=$?
+  printf '%s\n' "${out##*$'\n'}"
+  return "$rc"
+}
+venv_build() {  # --venv DIR from --python BASE: exit 0 when it is complete, now or before
+  # Another build of the same folder is waited for (flock on DIR.lock); a folder without its
+  # marker is an interrupted build, removed first. Exit NO_VENV, NO_INSTALL, MISSING: the step.
+  local dir=$venv
+  local -a pip
+  if [ -f "$dir/$COMPLETE" ]; then
+    venv_check || return "$MISSING"; echo "dflash: $dir is built already"; return 0
+  fi
+  mkdir -p -- "${dir%/*}" || return 1
+  exec 9>"$dir.lock" || return 1
+  if command -v flock >/dev/null; then flock 9 || return 1; fi
+  if [ -f "$dir/$COMPLETE" ]; then
+    venv_check || return "$MISSING"; echo "dflash: $dir is built already"; return 0
+  fi
+  rm -rf -- "$dir" || return 1
+  echo "dflash: creating $dir from $base"
+  if [ -n "$system_site" ]; then
+    "$base" -m venv --system-site-packages -- "$dir" </dev/null || return "$NO_VENV"
+  else
+    "$base" -m venv -- "$dir" </dev/null || return "$NO_VENV"
+  fi
+  printf '%s' "$requirements" > "$dir/requirements.txt" || return 1
+  pip=("$dir/bin/python" -m pip install --disable-pip-version-check --no-input --progress-bar off)
+  [ -z "$wheels" ] || pip+=(--no-index --find-links "$wheels")
+  if [ -n "$torch_index" ]; then
+    echo "dflash: installing $torch from $torch_index"
+    "${pip[@]}" --index-url "$torch_index" "$torch" </dev/null || return "$NO_INSTALL"
+  fi
+  echo "dflash: installing $dir/requirements.txt"
+  "${pip[@]}" -r "$dir/requirements.txt" </dev/null || return "$NO_INSTALL"
+  venv_check || return "$MISSING"
+  : > "$dir/$COMPLETE" || return 1
+  echo "dflash: built $dir"
+}
+
 # --- the commands ---------------------------------------------------------------------------
 
 watch_caller() {  # $1 our process group: ended once stdin (the caller's line) closes
@@ -324,6 +370,7 @@ usage() { echo "site.sh: $1" >&2; exit 2; }
 parse_options() {  # named options into the globals below; after `--`: tmux's start arguments
   root="" id="" size="" keep=5 lock="" owner="" stale="" ckpt="" dest="" expect=""
   socket="" session="" log="" ticks="" run="" wait=0 ready="" watcher=""
+  venv="" base="" requirements="" torch_index="" torch="" wheels="" system_site=""
   probe=() checker=() tmux_args=()
   while [ "$#" -gt 0 ]; do
     case $1 in
@@ -350,6 +397,13 @@ parse_options() {  # named options into the globals below; after `--`: tmux's st
       --stop-ticks) ticks=$2 ;;
       --run) run=$2 ;;
       --wait) wait=$2 ;;
+      --venv) venv=$2 ;;
+      --python) base=$2 ;;
+      --requirements) requirements=$2 ;;
+      --torch-index) torch_index=$2 ;;
+      --torch) torch=$2 ;;
+      --wheels) wheels=$2 ;;
+      --system-site) system_site=$2 ;;
       --ready) ready=$2 ;;
       *) usage "unknown option $1" ;;
     esac
@@ -515,5 +569,9 @@ case ${1:-} in
     parse_options "${@:2}"
     checkpoints_remove_run "$ckpt" "$run"
     ;;
-  *) usage "unknown command ${1:-(none)}: deploy, restart, rollback, stop or prune-run" ;;
+  venv)
+    parse_options "${@:2}"
+    venv_build
+    ;;
+  *) usage "unknown command ${1:-(none)}: deploy, restart, rollback, stop, prune-run or venv" ;;
 esac

@@ -9,6 +9,7 @@ settings.
     [targets.NAME]      named targets (`--target NAME`), same fields as [target]
     [job]               the tmux session, its log, environment, GPU split, optional command
                         (`job_config.py`)
+    [venv]              the job's python as a venv dflash builds at the place (`venv_config.py`)
     [train]             opaque to us: handed to the trainer as a TOML file
 
 Precedence for a target's fields: command-line flags > the selected target's fields > per-place
@@ -31,6 +32,7 @@ from dflash_ops.connect import shell, ssh_names
 from dflash_ops.errors import ConfigError, UnsafeValue
 from dflash_ops.settings.job_config import JobConfig, job_config
 from dflash_ops.settings.toml_keys import INT, STR, TABLE, Schema, check_keys, type_error
+from dflash_ops.settings.venv_config import VenvConfig, venv_config
 
 CONFIG_ENV = "DFLASH_CONFIG"
 DEFAULT_CONFIG_NAME = "deploy.toml"
@@ -56,6 +58,7 @@ _TOP_KEYS: Schema = {
     "target": TABLE,
     "targets": TABLE,
     "job": TABLE,
+    "venv": TABLE,
     "train": TABLE,
 }
 
@@ -89,6 +92,19 @@ class TargetFlags:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Venv:
+    """The job's venv at a target: where it is, what it is made from and with."""
+
+    folder: str  # <root>/venvs/<key>
+    base: str  # the interpreter that creates it: the target's `python`
+    config: VenvConfig
+
+    @property
+    def python(self) -> str:
+        return f"{self.folder}/bin/python"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Target:
     """A fully resolved place to run the job: every field has its final value."""
 
@@ -100,8 +116,9 @@ class Target:
     ct: int | None = None
     root: str
     checkpoints: str
-    python: str
+    python: str  # the job's interpreter: the venv's with [venv]
     note: str = ""  # which table of deploy.toml gave the keys the flags did not name
+    venv: Venv | None = None  # [venv]: the job's python is built at the place
 
     @property
     def remote(self) -> bool:
@@ -126,6 +143,7 @@ class Config:
     targets: Mapping[str, Mapping[str, Any]]
     job: JobConfig
     train: Mapping[str, Any]
+    venv: VenvConfig | None = None
 
     @property
     def project_dir(self) -> Path:
@@ -183,6 +201,7 @@ def load_config(path: Path) -> Config:
         targets=targets,
         job=job,
         train=raw.get("train", {}),
+        venv=venv_config(raw.get("venv"), path=path),
     )
 
 
@@ -356,6 +375,10 @@ def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> T
         ssh_names.check_user(user, where=f"{where}: user")
     if not python:
         raise ConfigError(f"{where}: python is empty.", hint='Set python = "python3".')
+    venv = None
+    if config.venv is not None:  # the target's python builds the venv; the job runs the venv's
+        venv = Venv(folder=config.venv.folder(root, python), base=python, config=config.venv)
+        python = venv.python
     return Target(
         name=name,
         place=place,
@@ -366,6 +389,7 @@ def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> T
         root=root,
         checkpoints=checkpoints,
         python=python,
+        venv=venv,
     )
 
 

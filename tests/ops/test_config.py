@@ -98,6 +98,12 @@ def test_defaults(tmp_path: Path) -> None:
         ("[job]\nstop_timeout = 0\n", "'job.stop_timeout'"),
         ("[job]\nstart_wait = -1\n", "'job.start_wait'"),
         ("[job]\nready = ' '\n", "'job.ready'"),
+        ("[venv]\ntorch_index = 'download.pytorch.org'\n", "'venv.torch_index'"),
+        ("[venv]\ntorch_index = 'https://x'\nwheels = '/w'\n", "'venv.wheels'"),
+        ("[venv]\npackages = ['--index-url=http://x']\n", "'venv.packages'"),
+        ("[venv]\nsystem_site_packages = 1\n", "'venv.system_site_packages'"),
+        ("[venv]\nwheels = 'relative'\n", "'venv.wheels'"),
+        ("[venv]\n", "trainer/requirements.txt"),
     ],
 )
 def test_errors_name_key_and_file(tmp_path: Path, text: str, words: str) -> None:
@@ -289,3 +295,21 @@ def test_toml_writer_special_floats_and_nesting() -> None:
     assert back["a"] == {"b": {}} and back["x"] == math.inf and back["y"] == -math.inf
     assert back["z"] == [{"k": 1}]
     assert math.isnan(tomllib.loads(toml_writer.dumps({"n": math.nan}))["n"])
+
+
+def test_venv_is_the_jobs_python_keyed_by_what_it_is_built_from(tmp_path: Path) -> None:
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "requirements.txt").write_text("# comment\ntorch>=2.6\nnumpy\n")
+    text = REMOTE_DEFAULT + '[venv]\ntorch_index = "https://download.pytorch.org/whl/cu128"\n'
+    config = load_config(write(tmp_path, text))
+    target = resolve_target(config, TargetFlags(), remembered=None)
+    assert target.venv is not None and target.venv.base == "/opt/venv/bin/python"
+    assert target.python == f"{target.venv.folder}/bin/python"
+    assert target.venv.folder.startswith("/root/dflash/venvs/")
+    assert target.venv.config.requirements == "torch>=2.6\nnumpy\n"
+    assert target.venv.config.torch == "torch>=2.6"
+    other = resolve_target(config, TargetFlags(target="other"), remembered=None)
+    assert other.venv is not None and other.venv.folder != target.venv.folder  # another base
+    (tmp_path / "trainer" / "requirements.txt").write_text("torch>=2.7\nnumpy\n")
+    changed = resolve_target(load_config(tmp_path / "deploy.toml"), TargetFlags(), remembered=None)
+    assert changed.venv is not None and changed.venv.folder != target.venv.folder

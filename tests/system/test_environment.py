@@ -16,11 +16,10 @@ import uuid
 import zipfile
 from pathlib import Path
 
-import pytest
-
 from tests.cli_helpers import dflash, wait_for
 
 CT = 270
+ROOT, CKPT = "dflash-env", "ck-env"  # in the container: /root/…, /workspace/…
 JOB = 'echo "python=$DFLASH_PYTHON"; "$DFLASH_PYTHON" -c "import tinyword; print(tinyword.WORD)"; exec sleep 60'
 
 
@@ -32,7 +31,8 @@ def project_at(tmp_path: Path, proxmox, *, venv: str = "", imports: str = "") ->
     (project / "trainer" / "job.py").write_text(f"import json\n{imports}\n")
     socket = f"dft-{uuid.uuid4().hex[:10]}"
     (project / "deploy.toml").write_text(
-        f'[target]\nplace = "proxmox"\nhost = "{proxmox.alias}"\nct = {CT}\n\n'
+        f'[target]\nplace = "proxmox"\nhost = "{proxmox.alias}"\nct = {CT}\n'
+        f'root = "/root/{ROOT}"\ncheckpoints = "/workspace/{CKPT}"\n\n'
         f"[job]\nsocket = {json.dumps(socket)}\ncommand = {json.dumps(JOB)}\nstop_timeout = 3\n"
         f"{venv}\n[train]\ndemo = true\n"
     )
@@ -44,7 +44,7 @@ def test_a_place_without_numpy_is_refused_before_anything_stops(tmp_path: Path, 
     project = project_at(tmp_path, proxmox)
     first = dflash(project, "deploy")  # the trainer imports nothing the place lacks
     assert first.returncode == 0, first.stderr
-    log = proxmox.workspace_dir(CT) / "checkpoints" / "train_stdout.log"
+    log = proxmox.workspace_dir(CT) / CKPT / "train_stdout.log"
     wait_for(log, "python=python3")
     before = json.loads(dflash(project, "status", "--json").stdout)
 
@@ -64,3 +64,81 @@ def test_a_place_without_numpy_is_refused_before_anything_stops(tmp_path: Path, 
     assert checks["python"]["ok"] and not checks["imports"]["ok"]
     assert "lacks numpy" in checks["imports"]["detail"] and "[venv]" in checks["imports"]["fix"]
     assert dflash(project, "stop").returncode == 0
+
+
+def wheel(folder: Path, name: str, version: str, body: str) -> Path:
+    """A pure-Python wheel of one module `name`, made here: the place installs it offline."""
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": body.encode(),
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = [
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip('=')},{len(data)}"
+        for path, data in files.items()
+    ]
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name_in, data in files.items():
+            archive.writestr(name_in, data)
+        archive.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+    return path
+
+
+def test_the_venv_is_built_offline_from_a_wheel_folder_once_per_requirements(  # type: ignore[no-untyped-def]
+    tmp_path: Path, proxmox
+) -> None:
+    """The project's trainer requires `tinyword` (its own requirements file: the real trainer's
+    torch and transformers are the same pip install, only bigger). The container has no
+    network for it: [venv] wheels is a folder there."""
+    proxmox.create(CT)
+    wheels = proxmox.root_dir(CT) / "wheels"
+    wheels.mkdir()
+    wheel(wheels, "tinyword", "1.0", 'WORD = "from the wheel"\n')
+    venv = '\n[venv]\nwheels = "/root/wheels"\n'
+    project = project_at(tmp_path, proxmox, venv=venv, imports="import tinyword")
+    (project / "trainer" / "requirements.txt").write_text("tinyword==1.0\n")
+
+    deployed = dflash(project, "deploy", timeout=600)  # no venv yet: the deploy builds it
+    assert deployed.returncode == 0, deployed.stderr
+    assert "Building the job's environment" in deployed.stderr
+    assert "installing" in deployed.stderr and "built /root/dflash-env/venvs/" in deployed.stderr
+    (folder,) = (proxmox.root_dir(CT) / ROOT / "venvs").glob("*[!k]")  # not the .lock
+    assert (folder / ".complete").is_file()
+    python = f"/root/{ROOT}/venvs/{folder.name}/bin/python"
+    log = wait_for(proxmox.workspace_dir(CT) / CKPT / "train_stdout.log", "from the wheel")
+    assert log.startswith(f"python={python}\n")
+
+    again = dflash(project, "setup")  # built once: nothing installed again
+    assert again.returncode == 0 and "ready (built before)" in again.stderr, again.stderr
+    assert "installing" not in again.stderr
+    redeployed = dflash(project, "deploy")
+    assert redeployed.returncode == 0 and "Building" not in redeployed.stderr
+    doctor = dflash(project, "doctor", "--json", "--no-gpu-smoke", "--min-free-gib", "0")
+    checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+    assert checks["imports"]["ok"] and checks["imports"]["detail"] == f"{python} has tinyword"
+
+    # New requirements, a new venv beside the old one (the running job keeps its own).
+    wheel(wheels, "tinyword", "2.0", 'WORD = "two"\n')
+    (project / "trainer" / "requirements.txt").write_text("tinyword==2.0\n")
+    built = dflash(project, "setup", timeout=600)
+    assert built.returncode == 0 and "is built." in built.stderr, built.stderr
+    assert len([p for p in (proxmox.root_dir(CT) / ROOT / "venvs").iterdir() if p.is_dir()]) == 2
+    assert dflash(project, "stop").returncode == 0
+
+
+def test_a_venv_that_cannot_be_installed_names_pip_and_the_offline_fix(
+    tmp_path: Path, proxmox
+) -> None:  # type: ignore[no-untyped-def]
+    proxmox.create(CT)
+    (proxmox.root_dir(CT) / "wheels").mkdir()  # empty: the requirement cannot be found
+    venv = '\n[venv]\nwheels = "/root/wheels"\n'
+    project = project_at(tmp_path, proxmox, venv=venv, imports="import tinyword")
+    (project / "trainer" / "requirements.txt").write_text("tinyword==1.0\n")
+    failed = dflash(project, "setup", timeout=600)
+    assert failed.returncode == 1, failed.stderr
+    assert "pip could not install the requirements" in failed.stderr
+    assert "[venv] wheels" in failed.stderr and "Traceback" not in failed.stderr
+    folder = next((proxmox.root_dir(CT) / ROOT / "venvs").glob("*[!k]"))
+    assert not (folder / ".complete").exists()  # an unfinished venv is never used

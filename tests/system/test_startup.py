@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from dflash_ops.commands.operations import STARTED
 from tests.cli_helpers import REPO, Where, dflash, kill_tmux_server, remote_where
 from tests.system.test_cli_export import train_tables
 from tests.trainer.test_train import assets  # noqa: F401 (a fixture)
-from trainer.stopping import STARTED
+from trainer.stopping import started_line
 
 # Thirty lines, then a failure: only the last twenty lines come back, the error among them.
 DIES = (
@@ -111,7 +112,7 @@ def test_the_trainer_is_waited_for_until_it_trains(tmp_path: Path, assets: Path)
         assert deployed.returncode == 0, deployed.stderr
         assert "running, past start-up" in deployed.stderr
         log = (project / ".dflash" / "local" / "checkpoints" / "train_stdout.log").read_text()
-        assert f"{STARTED} 0 of 100000" in log, log
+        assert f"{started_line(0, 100000)}\n" in log and started_line(0, 1).startswith(STARTED)
     finally:
         dflash(project, "stop", "--no-save")
         kill_tmux_server(socket)
