@@ -40,14 +40,14 @@ def build(ws: Workspace, *, say: Say) -> Built:
             hint="Add a [venv] table (README.md, deploy.toml reference), or set python in the "
             "target's table to an interpreter that has the trainer's requirements.",
         )
-    stream = ws.place.stream(venv_argv(target, Setup.of(ws)))
     last, tail = "", b""
-    for chunk in stream:
-        lines = (tail + chunk).split(b"\n")
-        tail = lines.pop()
-        for line in lines:
-            last = line.decode("utf-8", "replace")
-            say(last)
+    with ws.place.stream(venv_argv(target, Setup.of(ws))) as stream:  # Ctrl-C ends it there
+        for chunk in stream:
+            lines = (tail + chunk).split(b"\n")
+            tail = lines.pop()
+            for line in lines:
+                last = line.decode("utf-8", "replace")
+                say(last)
     if tail:
         last = tail.decode("utf-8", "replace")
         say(last)

@@ -203,26 +203,10 @@ def run(
     Ctrl-C meanwhile (`interrupt`): `notice` is told at once; before the stop the command ends
     with nothing changed (`Interrupted`), from the stop on it goes on to the end (`Done` with
     `interrupted`); a second Ctrl-C leaves without its answer (`Interrupted`)."""
-    archive = plan.checkpoints.archive_dest() if steps.archive else ""
-    owner = Owner.me(steps.doing)
-    deadline = time.monotonic() + plan.lock.wait
-    stale = ""
     say = notice or _quiet
     with interrupt.deferred(lambda: say(_notice(steps.doing))) as caught:
         try:
-            while True:
-                if caught.asked:
-                    raise _interrupted_before(plan, steps)
-                held = caught.hold(HeldOpen(steps.bundle.data if steps.bundle else b""))
-                outcome = _run(
-                    plan, steps, owner, held, stale=stale, archive=archive, expect=expect
-                )
-                if outcome.exit_code != HELD or outcome.held is None or caught.asked:
-                    break
-                judged = plan.lock.judge(
-                    outcome.held, force=force, deadline=deadline, holder=outcome.fact("holder")
-                )
-                stale = judged or ""
+            outcome = _until_free(plan, steps, caught, force=force, expect=expect)
         except KeyboardInterrupt:
             raise _left(plan, steps) from None
     if caught.asked and "stop" not in outcome.steps:
@@ -240,6 +224,28 @@ def run(
         startup=_startup(plan.job, outcome),
         interrupted=caught.asked,
     )
+
+
+def _until_free(
+    plan: DeployPlan, steps: Steps, caught: interrupt.Interrupt, *, force: bool, expect: str
+) -> Outcome:
+    """The command's outcome once the lock was not held (or the wait for it is over, or an
+    interrupt came)."""
+    archive = plan.checkpoints.archive_dest() if steps.archive else ""
+    owner = Owner.me(steps.doing)
+    deadline = time.monotonic() + plan.lock.wait
+    stale = ""
+    while True:
+        if caught.asked:
+            raise _interrupted_before(plan, steps)
+        held = caught.hold(HeldOpen(steps.bundle.data if steps.bundle else b""))
+        outcome = _run(plan, steps, owner, held, stale=stale, archive=archive, expect=expect)
+        if outcome.exit_code != HELD or outcome.held is None or caught.asked:
+            return outcome
+        judged = plan.lock.judge(
+            outcome.held, force=force, deadline=deadline, holder=outcome.fact("holder")
+        )
+        stale = judged or ""
 
 
 def _quiet(_: str) -> None:
