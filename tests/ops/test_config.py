@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dflash_ops.commands import environment
+from dflash_ops.commands.checks import Setup
 from dflash_ops.errors import ConfigError
 from dflash_ops.settings import state, toml_writer
 from dflash_ops.settings.deploy_config import TargetFlags, find_config, load_config, resolve_target
@@ -313,3 +315,9 @@ def test_venv_is_the_jobs_python_keyed_by_what_it_is_built_from(tmp_path: Path) 
     (tmp_path / "trainer" / "requirements.txt").write_text("torch>=2.7\nnumpy\n")
     changed = resolve_target(load_config(tmp_path / "deploy.toml"), TargetFlags(), remembered=None)
     assert changed.venv is not None and changed.venv.folder != target.venv.folder
+    # What the place is told: torch first from the index, then the rest; the modules checked.
+    argv = environment.venv_argv(target, Setup(target=target, job=config.job, modules=("numpy",)))
+    options = dict(zip(argv[5::2], argv[6::2], strict=False))
+    assert options["--torch-index"] == "https://download.pytorch.org/whl/cu128"
+    assert options["--torch"] == "torch>=2.6" and options["--python"] == "/opt/venv/bin/python"
+    assert argv[-1] == "numpy" and "--wheels" not in options

@@ -133,7 +133,7 @@ def test_a_venv_that_cannot_be_installed_names_pip_and_the_offline_fix(
 ) -> None:  # type: ignore[no-untyped-def]
     proxmox.create(CT)
     (proxmox.root_dir(CT) / "wheels").mkdir()  # empty: the requirement cannot be found
-    venv = '\n[venv]\nwheels = "/root/wheels"\n'
+    venv = '\n[venv]\nwheels = "/root/wheels"\nsystem_site_packages = true\n'
     project = project_at(tmp_path, proxmox, venv=venv, imports="import tinyword")
     (project / "trainer" / "requirements.txt").write_text("tinyword==1.0\n")
     failed = dflash(project, "setup", timeout=600)
@@ -142,3 +142,4 @@ def test_a_venv_that_cannot_be_installed_names_pip_and_the_offline_fix(
     assert "[venv] wheels" in failed.stderr and "Traceback" not in failed.stderr
     folder = next((proxmox.root_dir(CT) / ROOT / "venvs").glob("*[!k]"))
     assert not (folder / ".complete").exists()  # an unfinished venv is never used
+    assert "include-system-site-packages = true" in (folder / "pyvenv.cfg").read_text()
