@@ -29,7 +29,7 @@ import pytest
 
 from tests.cli_helpers import REPO, default_sigint, kill_tmux_server, wait_for
 
-TOOLS = ("tmux", "tar", "mv", "ln", "sort", "readlink", "grep")
+TOOLS = ("tmux", "tar", "mv", "ln", "sort", "readlink", "grep", "cat")
 # The old job takes 3 s to end after SIGINT: the stop step is held by it.
 JOB = (
     "trap 'echo got-int; sleep 3; exit 0' INT; "
@@ -39,8 +39,9 @@ NOTICE = "Interrupted: "
 
 GATE = """#!/bin/bash
 gates={gates}
+if [ -f "$gates/slow" ] && [ "$(<"$gates/slow")" = {name} ]; then sleep 3; fi
 if [ -f "$gates/gate" ]; then
-  pattern=$(cat "$gates/gate")
+  pattern=$(<"$gates/gate")
   case "{name} $*" in
     *"$pattern"*)
       echo "$$" > "$gates/reached"
@@ -268,3 +269,17 @@ def test_ctrl_c_over_ssh(ssh: Spot, step: str, pattern: str | None, new: bool) -
     old = old_job(ssh)
     code, err = interrupted(ssh, ["deploy"], pattern=pattern)
     check_outcome(ssh, code, err, doing="deploy", old=old, new=new)
+
+
+def test_ctrl_c_right_before_the_stop_still_changes_nothing(local: Spot) -> None:
+    """No check step after the unpack ([train] empty beside a [job] command) and a slow `cat`:
+    the caller's watcher (`cat` until stdin ends) is late, so the stop itself must find that
+    the caller let go, and change nothing."""
+    toml = local.project / "deploy.toml"
+    toml.write_text(toml.read_text().replace("\n[train]\ndemo = true\n", "\n"))
+    shutil.rmtree(local.project / "trainer")  # a bundle that fits a pipe: sent whole at once
+    (local.project / "trainer").mkdir()
+    old = old_job(local)
+    (local.gates / "slow").write_text("cat")
+    code, err = interrupted(local, ["deploy"], pattern="tar -x")
+    check_outcome(local, code, err, doing="deploy", old=old, new=False)
