@@ -7,9 +7,9 @@ has the namespace-backed `pct` stand-in, one container) and, for each place — 
 the SSH host `testbox`, container 200 on `pvehost` — measures:
 
 - deploy, as a user runs it: the wall time of `python -m dflash_ops deploy` until it returns
-  (the job is `exec sleep 3600`, which starts instantly, so job start-up is excluded), and the
-  SSH connections and remote commands the server logged for it (`Accepted publickey`,
-  `Starting session`);
+  (`--no-wait`, and the job is `exec sleep 3600`, which starts instantly: job start-up is
+  excluded), and the SSH connections and remote commands the server logged for it
+  (`Accepted publickey`, `Starting session`);
 - deploy, in this process: the same `operations.deploy`, with the bundle build, every remote
   round trip and `connections_opened` of the transport counted (no interpreter start-up);
 - follow latency: `dflash logs --follow` runs; lines carrying `time.time()` are appended to the
@@ -172,7 +172,7 @@ def bench_cli_deploy(where: Where, server: SSHServer, reps: int) -> dict[str, An
     for _ in range(reps):
         before = sshd_counts(server)
         start = time.perf_counter()
-        result = where.run("deploy", *where.flags)
+        result = where.run("deploy", "--no-wait", *where.flags)
         walls.append(time.perf_counter() - start)
         if result.returncode != 0:
             raise RuntimeError(f"deploy to {where.kind} failed: {result.stderr}")
@@ -199,7 +199,7 @@ def bench_inprocess_deploy(where: Where, reps: int) -> dict[str, Any]:
             place.transport.connect()  # as `operations.deploy` opens it (no `pct status`)
             ws._place = place
             try:
-                operations.deploy(ws)
+                operations.deploy(ws, wait=False)
             finally:
                 ws.close()
             total = time.perf_counter() - start

@@ -189,3 +189,20 @@ class ExportError(DflashError):
     """`dflash export` could not start, the exporter at the place failed, or the stream broke."""
 
     hint = "Check the checkpoint at the place (dflash checkpoints), then run again."
+
+
+class SetupFailed(DflashError):
+    """`dflash setup` could not build the job's venv at the place."""
+
+    hint = "Read pip's lines above, fix what they say, then run dflash setup again."
+
+
+class Interrupted(DflashError):
+    """Ctrl-C (or SIGTERM) stopped a command; the message says what was left at the place."""
+
+
+class JobEndedAtStartUp(DflashError):
+    """The job just started ended with a failure before it was past start-up (its readiness
+    line); the message carries the last lines of its log."""
+
+    hint = "Fix what its log says, then start it again (dflash logs --tail 200 shows more)."

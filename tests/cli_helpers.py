@@ -93,6 +93,17 @@ def dflash(project: Path, *args: str, timeout: float = 90) -> subprocess.Complet
     )
 
 
+def wait_for(path: Path, text: str, timeout: float = 20) -> str:
+    """The text of `path` once `text` is in it (a job's log, as the test's machine sees it)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        content = path.read_text() if path.exists() else ""
+        if text in content:
+            return content
+        time.sleep(0.1)
+    raise AssertionError(f"{text!r} not in {path} in time")
+
+
 def kill_tmux_server(socket: str) -> None:
     subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
 

@@ -53,6 +53,7 @@ PROBE = {
 def available() -> bool:
     """Whether the tensorboard package (its event protos and record writer) can be imported."""
     try:
+        import tensorboard  # noqa: F401  (a probe: the trainer runs without it)
         from tensorboard.summary.writer.record_writer import RecordWriter  # noqa: F401
     except ImportError:
         return False

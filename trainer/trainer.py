@@ -38,7 +38,7 @@ from trainer.pipeline import DrafterWorker, StepResult, compile_note, lr_at
 from trainer.probe import ProbeReport
 from trainer.profiling import ProfileReport, StepProfiler
 from trainer.runtime import resolve_demo, resolve_device
-from trainer.stopping import StopRequest, write_record
+from trainer.stopping import StopRequest, started_line, write_record
 
 log = logging.getLogger("trainer")
 __all__ = ["Trainer", "resolve_demo", "resolve_device"]
@@ -184,6 +184,7 @@ class Trainer:
         results: list[StepResult] = []
         if self.stop is not None:
             self.stop.begin()
+        self.emit(started_line(self.step, until))
         self.rate = Rate()
         profiler = self.profiler
         while self.step < until:

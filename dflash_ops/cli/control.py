@@ -10,6 +10,7 @@ from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import (
     ForceOption,
+    NoWaitOption,
     TargetChoice,
     with_target,
 )
@@ -73,11 +74,13 @@ def restart(
     *,
     where: TargetChoice,
     force: ForceOption = False,
+    no_wait: NoWaitOption = False,
 ) -> None:
     """Stop the job and start it again on the current release.
 
     Without --clean the trainer resumes from its newest checkpoint; with --clean the
     checkpoints are moved into <checkpoints>/archive/<time>/ first (nothing is deleted).
+    Then it waits until the job is past start-up, as deploy does (--no-wait: not).
 
     \b
     Examples:
@@ -86,8 +89,19 @@ def restart(
     """
     with workspace(ctx, where) as ws:
         report = operations.restart(
-            ws, clean=clean, force=force, say=output.warn, progress=output.info
+            ws,
+            clean=clean,
+            force=force,
+            say=output.warn,
+            progress=output.info,
+            wait=not no_wait,
         )
     if report.archived:
         output.info(f"Archived the checkpoints into {report.archived}.")
-    output.success(f"Restarted job {report.started.session!r} on release {report.release}.")
+    waited = ws.config.job.start_wait
+    output.success(
+        f"Restarted on release {report.release}; "
+        f"{output.started(report.started, report.startup, waited=waited)}."
+    )
+    output.startup_lines(report.startup)
+    output.went_on("restart", report.release, interrupted=report.interrupted)

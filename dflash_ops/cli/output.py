@@ -15,6 +15,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from dflash_ops.errors import DflashError
+from dflash_ops.remote.job import JobState, StartUp
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -42,6 +43,35 @@ NEVER_DEPLOYED_HINT = (
     "Deploy from this folder with: dflash deploy. A job deployed from another folder is that "
     "project's (its own tmux socket): run dflash there, or pass its --target/--host."
 )
+
+
+def started(job: JobState, startup: StartUp | None, *, waited: float) -> str:
+    """How the job just started is doing, for the success line of deploy, restart, rollback:
+    past start-up, still starting after the wait, or exited 0 (its lines follow)."""
+    name = repr(job.session)
+    if startup is None or startup.outcome == "interrupted":
+        return f"job {name} {'running' if job.running else 'exited already'}"
+    if startup.outcome == "ready":
+        return f"job {name} running, past start-up"
+    if startup.outcome == "starting":
+        return f"job {name} running, still starting after {waited:g} s (dflash logs --follow)"
+    return f"job {name} exited 0 at start-up; the last lines of its log:"
+
+
+def went_on(doing: str, release: str, *, interrupted: bool) -> None:
+    """After a Ctrl-C that came once the old job was stopping: which job runs now."""
+    if interrupted:
+        info(
+            f"Interrupted after the running job was stopped: the {doing} went on: release "
+            f"{release} is running."
+        )
+
+
+def startup_lines(startup: StartUp | None) -> None:
+    """The log's last lines of a job that exited 0 at start-up (nothing left to do, say)."""
+    if startup is not None and startup.outcome == "ended":
+        for line in startup.lines:
+            info(f"  {line}")
 
 
 def error(exc: DflashError) -> None:

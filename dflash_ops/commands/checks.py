@@ -19,6 +19,7 @@ from dflash_ops.connect import shell
 from dflash_ops.connect.place import Place
 from dflash_ops.connect.transport import Result
 from dflash_ops.errors import DflashError
+from dflash_ops.remote.requirements import REQUIREMENTS, required_modules
 from dflash_ops.settings.deploy_config import Target
 from dflash_ops.settings.job_config import JobConfig
 
@@ -74,16 +75,19 @@ class Setup:
     train: Mapping[str, Any] = field(default_factory=dict)
     project_dir: Path | None = None  # where trainer/ is taken from for the smoke test
     min_free_gib: float = DEFAULT_MIN_FREE_GIB
+    modules: tuple[str, ...] = ()  # what the trainer imports (`remote.requirements`)
 
     @classmethod
     def of(cls, ws: Workspace, *, min_free_gib: float = DEFAULT_MIN_FREE_GIB) -> Setup:
         """The setup of a command's workspace (its target, `[job]`, `[train]`, project folder)."""
+        trainer = ws.config.project_dir / "trainer"
         return cls(
             target=ws.target,
             job=ws.config.job,
             train=ws.config.train,
             project_dir=ws.config.project_dir,
             min_free_gib=min_free_gib,
+            modules=tuple(required_modules(trainer)),
         )
 
 
@@ -137,10 +141,13 @@ def judge_tmux(setup: Setup, where: str, result: Result) -> Check:
     )
 
 
-# Run by the job's python: reports its version, torch and CUDA as one JSON line.
+# Run by the job's python: reports its version, the modules of argv it cannot find, torch and
+# CUDA as one JSON line.
 _PROBE = """\
 import json, platform, sys
+from importlib.util import find_spec
 info = {"python": platform.python_version(), "executable": sys.executable}
+info["missing"] = [m for m in sys.argv[1:] if find_spec(m) is None]
 try:
     import torch
 except Exception as exc:
@@ -167,18 +174,23 @@ def job_argv(setup: Setup, argv: Sequence[str]) -> list[str]:
 
 
 MIN_PYTHON = (3, 11)
-# The cheap probe: version only (no torch import); it exits 3 on a Python older than MIN_PYTHON,
-# so that `dflash deploy`'s one command stops there before touching anything.
+MISSING = 4  # the cheap probe: a module of the trainer's is missing
+# The cheap probe: the version and the trainer's modules (argv) that cannot be found, nothing
+# imported; it exits 3 on a Python older than MIN_PYTHON and 4 when a module is missing, so that
+# `dflash deploy`'s one command stops there before touching anything.
 VERSION_PROBE = (
-    "import json, platform, sys; "
-    'print(json.dumps({"python": platform.python_version(), "executable": sys.executable})); '
-    f"sys.exit(3 if sys.version_info < {MIN_PYTHON} else 0)"
+    "import json, platform, sys; from importlib.util import find_spec; "
+    "missing = [m for m in sys.argv[1:] if find_spec(m) is None]; "
+    'print(json.dumps({"python": platform.python_version(), "executable": sys.executable, '
+    '"missing": missing})); '
+    f"sys.exit(3 if sys.version_info < {MIN_PYTHON} else {MISSING} if missing else 0)"
 )
 
 
 def python_probe_argv(setup: Setup, probe: str = VERSION_PROBE) -> list[str]:
-    """The job's python running `probe` with the job's environment."""
-    return job_argv(setup, [setup.target.python, "-c", probe])
+    """The job's python running `probe` with the job's environment, the trainer's modules as
+    its arguments: ONE `python -c` at the place."""
+    return job_argv(setup, [setup.target.python, "-c", probe, *setup.modules])
 
 
 def check_python(setup: Setup, place: Place, found: Findings, *, probe: str = _PROBE) -> Check:
@@ -194,6 +206,11 @@ def judge_python(setup: Setup, where: str, result: Result, found: Findings) -> C
         f'Install Python 3.11+ there, or set python = "/path/to/python" in the target\'s table '
         f"of deploy.toml (now {python!r})."
     )
+    if setup.target.venv is not None:
+        fix = (
+            f"Build the job's venv: dflash setup (from {setup.target.venv.base}; dflash deploy "
+            "builds it too when it is missing)."
+        )
     try:
         found.python = json.loads(result.stdout_text.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -202,7 +219,7 @@ def judge_python(setup: Setup, where: str, result: Result, found: Findings) -> C
     major_minor = tuple(int(x) for x in version.split(".")[:2] if x.isdigit())
     if major_minor and major_minor < MIN_PYTHON:
         return failed("python", f"{python} is Python {version}; the trainer needs 3.11+", fix)
-    if result.exit_code != 0:
+    if result.exit_code not in (0, MISSING) or not isinstance(found.python, dict):
         return failed(
             "python",
             f"{python} does not run on {where} (exit {result.exit_code}: "
@@ -215,9 +232,47 @@ def judge_python(setup: Setup, where: str, result: Result, found: Findings) -> C
     return passed("python", f"{python}: Python {version} ({found.python.get('executable')})")
 
 
+def check_imports(setup: Setup, place: Place, found: Findings) -> Check:
+    """Every module the trainer imports is there for the job's python (the probe's answer)."""
+    return judge_imports(setup, found)
+
+
+def judge_imports(setup: Setup, found: Findings) -> Check:
+    """The imports check's verdict on the python probe's answer (also deploy's)."""
+    missing = [str(m) for m in found.python.get("missing") or []]
+    python = setup.target.python
+    if missing:
+        return failed(
+            "imports",
+            f"{python} lacks {', '.join(missing)}, which the trainer imports",
+            environment_fix(setup),
+        )
+    if not setup.modules:
+        return passed("imports", "no trainer/ here to ask for modules")
+    return passed("imports", f"{python} has {', '.join(setup.modules)}")
+
+
+def environment_fix(setup: Setup) -> str:
+    """How to give the job a python with the trainer's modules, under PEP 668 too (Debian and
+    Ubuntu refuse `pip install` into the system python): a virtual environment."""
+    if setup.target.venv is not None:
+        return (
+            f"Run dflash setup: it builds {setup.target.venv.folder} from trainer/{REQUIREMENTS}"
+            " and [venv] packages (a module neither provides goes into [venv] packages)."
+        )
+    return (
+        "Give the job a python that has them: add a [venv] table to deploy.toml and run "
+        f"dflash setup, which builds a virtual environment at the place from trainer/{REQUIREMENTS} "
+        "(torch_index = a CUDA torch index, wheels = a wheel folder at the place for an "
+        "offline node); or set python in the target's table to a virtual environment's python "
+        "that has them. Not pip install into the system python: Debian and Ubuntu refuse it "
+        "(externally-managed-environment, PEP 668)."
+    )
+
+
 def check_torch(setup: Setup, place: Place, found: Findings) -> Check:
     python = setup.target.python
-    install = f"Install torch for that interpreter: {python} -m pip install 'torch>=2.6'"
+    install = f"torch is one of the trainer's requirements. {environment_fix(setup)}"
     if "torch_error" in found.python:
         return failed(
             "torch", f"{python} cannot import torch: {found.python['torch_error']}", install
@@ -246,8 +301,8 @@ def check_cuda(setup: Setup, place: Place, found: Findings) -> Check:
         "cuda",
         f"no CUDA at {place.description} ({why}), but [job] gpus = {gpus}",
         "On a GPU machine: check `nvidia-smi` works there (driver; for a container, the GPU "
-        "devices passed through) and install a CUDA build of torch "
-        "(pip install torch --index-url https://download.pytorch.org/whl/cu128). "
+        "devices passed through) and give the job a CUDA build of torch: [venv] torch_index = "
+        '"https://download.pytorch.org/whl/cu128" in deploy.toml, then dflash setup. '
         "To train on the CPU instead, set [job] gpus = 0 and target_gpus = 0 in deploy.toml.",
     )
 

@@ -1,11 +1,13 @@
 """What each command does, in order, on a `Workspace`. The CLI only parses and prints.
 
 deploy:  build the bundle; then, at the place in ONE command (`remote/site.sh deploy`): check tmux and
-         python → take the lock → push it (one tar stream) → switch `current` → keep the last 5
-         → stop the running job → archive the checkpoints (unless resuming) → start the job →
-         release the lock; remember the target in `.dflash/state.json`.
+         python → take the lock → push it (one tar stream) → check it → stop the running job →
+         switch `current` → keep the last 5 → archive the checkpoints (unless resuming) → start
+         the job → release the lock → wait until it is past start-up; remember the target in
+         `.dflash/state.json`. Ctrl-C before the stop changes nothing; from the stop on the
+         command goes to the end (`remote/interrupt.py`).
 restart: stop → archive (with `--clean`) → start the job of the current release (one command).
-rollback: switch `current` to an earlier complete release → stop → start (resuming; one command).
+rollback: stop → switch `current` to an earlier complete release → start (resuming; one command).
 stop:    SIGINT, SIGTERM, SIGKILL to the job's process group, then end the session (one command).
 
 deploy, restart, rollback and stop hold the target's deploy lock (`remote/lock.py`) while they act, so
@@ -24,11 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_ops.commands import doctor, gpus
+from dflash_ops.commands import doctor, environment, gpus
 from dflash_ops.commands.checks import Setup
 from dflash_ops.commands.workspace import Workspace
+from dflash_ops.errors import JobEndedAtStartUp
 from dflash_ops.remote import client
-from dflash_ops.remote.job import JobState
+from dflash_ops.remote.job import JobState, StartUp
 from dflash_ops.remote.launch import LaunchPlan
 from dflash_ops.remote.release import build_bundle, new_release_id
 from dflash_ops.settings import state
@@ -36,6 +39,9 @@ from dflash_ops.settings import state
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
 FORCE_RESUME_ENV = "DFLASH_FORCE_RESUME"  # read by trainer.train
+# The trainer's readiness line, as it logs it (`trainer.stopping.started_line`): the job is past
+# start-up (tests/system/test_startup.py deploys the real trainer and waits for it).
+STARTED = "started training at step"
 
 
 def _quiet(_: str) -> None:
@@ -49,6 +55,8 @@ class DeployReport:
     stopped: JobState | None
     archived: str | None
     started: JobState
+    startup: StartUp | None = None  # None: not waited for (`wait=False`, `start_wait = 0`)
+    interrupted: bool = False  # Ctrl-C came once the old job was stopping: the deploy went on
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +65,42 @@ class RestartReport:
     stopped: JobState | None
     archived: str | None
     started: JobState
+    startup: StartUp | None = None
+    interrupted: bool = False
+
+
+def start_wait(ws: Workspace, *, wait: bool, tool: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The `Steps` fields of the wait after a start: `[job] start_wait` seconds (0 with
+    `wait=False`) for `[job] ready` in the job's log, else the trainer's readiness line
+    (`trainer.stopping.STARTED`), else (a `[job] command`, a trainer tool) its first line."""
+    job = ws.config.job
+    ready = "" if tool else job.ready or (STARTED if job.command is None else "")
+    return {"wait": job.start_wait if wait else 0.0, "ready": ready}
+
+
+def started(ws: Workspace, done: client.Done, *, release: str, redo: str) -> StartUp | None:
+    """The job's start-up as the command saw it; one that ended with a failure raises
+    `JobEndedAtStartUp` with its log's last lines (`redo`: the command to run again)."""
+    startup = done.startup
+    if startup is not None and startup.outcome == "ended":
+        code = startup.state.exit_code if startup.state is not None else None
+        if code != 0:
+            raise ended_at_start_up(ws, startup, release=release, redo=redo)
+    return startup
+
+
+def ended_at_start_up(
+    ws: Workspace, startup: StartUp, *, release: str, redo: str
+) -> JobEndedAtStartUp:
+    state = startup.state
+    how = f"exit {state.exit_code}" if state is not None and state.exit_code is not None else ""
+    lines = "".join(f"\n  {line}" for line in startup.lines) or "\n  (the log is empty)"
+    return JobEndedAtStartUp(
+        f"The job of release {release} ended at start-up on {ws.target.describe()}"
+        f"{f' ({how})' if how else ''}; the last lines of its log ({ws.log_path}):{lines}",
+        hint=f"Fix what it says, then run {redo} again (dflash logs --tail 200 shows more; "
+        "dflash rollback starts the release before).",
+    )
 
 
 def launch_argv(ws: Workspace) -> list[str]:
@@ -92,13 +136,15 @@ def deploy(
     say: Say = _quiet,
     warn: Say | None = None,
     tool: tuple[str, ...] = (),
+    wait: bool = True,
 ) -> DeployReport:
     """Build the bundle here, then do everything at the place in ONE command
-    (`remote/site.sh deploy`): preflight (tmux, python), lock, unpack, switch, prune, stop, archive,
-    start, unlock. A held lock costs `DeployLock.acquire`'s commands and one more run.
+    (`remote/site.sh deploy`): preflight (tmux, python), lock, unpack, check, stop, switch,
+    prune, archive, start, unlock, ready. A held lock costs `DeployLock.acquire`'s commands and one more run.
     `tool` makes the job run another trainer module than `trainer.train` (`dflash generate`).
     `force_resume`: this start of the trainer resumes even from a checkpoint written with other
-    model/data settings (`DFLASH_FORCE_RESUME=1` in its env; later restarts do not)."""
+    model/data settings (`DFLASH_FORCE_RESUME=1` in its env; later restarts do not).
+    `wait`: then wait until the job is past start-up (site.sh's `ready` step)."""
     extra = {FORCE_RESUME_ENV: "1"} if force_resume else None
     remote = remote_plan(ws, warn=warn or say, env=extra)
     plan = LaunchPlan.for_job(
@@ -112,8 +158,19 @@ def deploy(
         ws.config.project_dir, plan=plan, train=ws.config.train, target=ws.target.describe()
     )
     say(f"Release {bundle.release_id} ({len(bundle.data) / 1024:.0f} KiB) → {ws.target.describe()}")
-    steps = client.Steps(doing="deploy", bundle=bundle, archive=not resume, preflight=True)
-    done = client.run(remote, steps, force=force, say=say)
+    steps = client.Steps(
+        doing="deploy",
+        bundle=bundle,
+        archive=not resume,
+        preflight=True,
+        **start_wait(ws, wait=wait, tool=tool),
+    )
+    try:
+        done = client.run(remote, steps, force=force, notice=say, progress=say)
+    except doctor.VenvNotBuilt:  # built once, then every deploy finds it
+        say(f"Building the job's environment at {ws.target.describe()} (dflash setup):")
+        environment.build(ws, say=say)
+        done = client.run(remote, steps, force=force, notice=say, progress=say)
     assert done.started is not None
     if done.stopped is not None:
         say(f"Stopped the previous job (exit {done.stopped.exit_code}).")
@@ -128,12 +185,16 @@ def deploy(
             deployed_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         ),
     )
+    redo = "dflash generate" if tool else "dflash deploy"
+    startup = started(ws, done, release=bundle.release_id, redo=redo)
     return DeployReport(
         release=bundle.release_id,
         removed=done.removed,
         stopped=done.stopped,
         archived=done.archived,
         started=done.started,
+        startup=startup,
+        interrupted=done.interrupted,
     )
 
 
@@ -144,14 +205,22 @@ def restart(
     force: bool = False,
     say: Say = _quiet,
     progress: Say = _quiet,
+    wait: bool = True,
 ) -> RestartReport:
-    """stop → archive (with `clean`) → start on `current`: one command at the place.
-    `say`: warnings (the lock's); `progress`: the place's steps as they go."""
-    steps = client.Steps(doing="restart", archive=clean)
-    done = client.run(remote_plan(ws, warn=say), steps, force=force, say=progress)
+    """stop → archive (with `clean`) → start on `current`: one command at the place; then,
+    with `wait`, until the job is past start-up. `say`: warnings (the lock's) and notices;
+    `progress`: the place's steps as they go."""
+    steps = client.Steps(doing="restart", archive=clean, **start_wait(ws, wait=wait))
+    done = client.run(remote_plan(ws, warn=say), steps, force=force, notice=say, progress=progress)
     assert done.release is not None and done.started is not None
+    startup = started(ws, done, release=done.release, redo="dflash restart")
     return RestartReport(
-        release=done.release, stopped=done.stopped, archived=done.archived, started=done.started
+        release=done.release,
+        stopped=done.stopped,
+        archived=done.archived,
+        started=done.started,
+        startup=startup,
+        interrupted=done.interrupted,
     )
 
 
@@ -162,18 +231,29 @@ def rollback(
     force: bool = False,
     say: Say = _quiet,
     progress: Say = _quiet,
+    wait: bool = True,
 ) -> RestartReport:
     """Point `current` at an earlier complete release and restart the job on it (resuming:
     the checkpoints stay where they are). The target is chosen from `current` as read now;
     the one command takes the lock, checks that `current` has not moved since, and does
-    switch → stop → start."""
+    stop → switch → start."""
     remote = remote_plan(ws, warn=say)
     current = remote.releases.current()
     target = remote.releases.rollback_target(to)
-    steps = client.Steps(doing="rollback", switch_to=target)
-    done = client.run(remote, steps, force=force, expect=current or "", say=progress)
+    steps = client.Steps(doing="rollback", switch_to=target, **start_wait(ws, wait=wait))
+    done = client.run(
+        remote, steps, force=force, expect=current or "", notice=say, progress=progress
+    )
     assert done.started is not None
-    return RestartReport(release=target, stopped=done.stopped, archived=None, started=done.started)
+    startup = started(ws, done, release=target, redo="dflash restart")
+    return RestartReport(
+        release=target,
+        stopped=done.stopped,
+        archived=None,
+        started=done.started,
+        startup=startup,
+        interrupted=done.interrupted,
+    )
 
 
 def stop(
@@ -187,7 +267,9 @@ def stop(
     """SIGINT → SIGTERM → SIGKILL, end the session: one command at the place, under the lock.
     `save=False`: SIGTERM right after SIGINT, so the trainer ends without its stop checkpoint."""
     steps = client.Steps(doing="stop", save=save)
-    return client.run(remote_plan(ws, warn=say), steps, force=force, say=progress).stopped
+    return client.run(
+        remote_plan(ws, warn=say), steps, force=force, notice=say, progress=progress
+    ).stopped
 
 
 def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol, runtime_checkable
 
 from dflash_ops.connect import shell
-from dflash_ops.connect.stdin import CHUNK, HeldOpen, Stdin, chunks_of
+from dflash_ops.connect.stdin import CHUNK, HeldOpen, Stdin, chunks_of, let_go
 from dflash_ops.errors import CommandTimedOut, ConnectionFailed
 
 if TYPE_CHECKING:  # paramiko (~0.1-0.3 s to import) loads only when an SSH command runs
@@ -233,10 +233,7 @@ class LocalTransport:
         deadline = _deadline(timeout)
         try:
             proc.wait(timeout=_remaining(deadline))
-            if isinstance(stdin, HeldOpen):
-                writer.join(_remaining(deadline))
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()
+            let_go(stdin)  # the writer closes the command's stdin
             # Output ends when the last holder of the pipes exits, which may be a background
             # child of the command: that is bounded by the same deadline.
             for thread in (writer, out, err):
@@ -248,6 +245,8 @@ class LocalTransport:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise CommandTimedOut(f"{args[0]} did not finish within {timeout} s locally") from None
+        finally:
+            let_go(stdin)
         return Result(args, self._status(proc.returncode), out.data, err.data)
 
     @staticmethod
@@ -257,9 +256,9 @@ class LocalTransport:
             for chunk in chunks_of(stdin):
                 proc.stdin.write(chunk)
             if isinstance(stdin, HeldOpen):
-                proc.stdin.flush()  # `run` closes it once the command has exited
-            else:
-                proc.stdin.close()
+                proc.stdin.flush()
+                stdin.ended.wait()  # until the command exited, or we let go of it
+            proc.stdin.close()
         except (BrokenPipeError, ValueError):
             pass  # the command exited without reading all of its input, as `head` does
 
@@ -418,7 +417,9 @@ class SSHTransport:
         writer = threading.Thread(target=self._feed, args=(channel, stdin), daemon=True)
         writer.start()
         try:
-            for thread in (writer, out, err):
+            for thread in (out, err, writer):  # a held stdin ends once the output has
+                if thread is writer:
+                    let_go(stdin)
                 thread.join(_remaining(deadline))
                 if thread.is_alive():
                     raise CommandTimedOut(
@@ -426,6 +427,7 @@ class SSHTransport:
                     )
             code = self._exit_status(channel, args)
         finally:
+            let_go(stdin)
             channel.close()
         if out.error or err.error:
             raise self._lost(args, out.error or err.error)
@@ -438,8 +440,9 @@ class SSHTransport:
         try:
             for chunk in chunks_of(stdin):
                 channel.sendall(chunk)
-            if not isinstance(stdin, HeldOpen):  # held: the channel's close ends it
-                channel.shutdown_write()
+            if isinstance(stdin, HeldOpen):
+                stdin.ended.wait()  # until the command exited, or we let go of it
+            channel.shutdown_write()
         except (OSError, EOFError, paramiko.SSHException):
             pass  # the command ended (or the connection died) before reading all input
 

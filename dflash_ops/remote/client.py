@@ -27,9 +27,10 @@ from typing import Literal
 
 from dflash_ops.connect.stdin import HeldOpen
 from dflash_ops.connect.transport import Result
-from dflash_ops.errors import ConnectionDropped, DflashError, RemoteCommandFailed
+from dflash_ops.errors import ConnectionDropped, DflashError, Interrupted, RemoteCommandFailed
+from dflash_ops.remote import interrupt
 from dflash_ops.remote.checkpoints import Checkpoints, PruneReport
-from dflash_ops.remote.job import Job, JobState
+from dflash_ops.remote.job import Job, JobState, StartUp
 from dflash_ops.remote.lock import DeployLock, Owner
 from dflash_ops.remote.progress import Progress, Say
 from dflash_ops.remote.release import KEEP, Bundle, Releases, checked_id
@@ -102,6 +103,8 @@ class Steps:
     archive: bool = False  # archive the checkpoints after the stop (deploy, restart)
     preflight: bool = False  # deploy: tmux and python first, the bundle's train.toml checked
     save: bool = True  # the stop gives the job `stop_timeout` to save (False: SIGTERM at once)
+    wait: float = 0.0  # after the start: seconds to wait for the job to be past start-up
+    ready: str = ""  # the log line that says so ("": any line)
 
     @property
     def release(self) -> str | None:
@@ -116,6 +119,9 @@ class Done:
     stopped: JobState | None
     archived: str | None
     started: JobState | None
+    logged: int = 0  # the log's size before the start: the new job's output begins there
+    startup: StartUp | None = None  # how its start-up went (None: not waited for)
+    interrupted: bool = False  # an interrupt came after the stop began: the command went on
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,7 +165,7 @@ def argv(
         ("checkpoints", plan.checkpoints.path),
         ("socket", plan.job.socket),
         ("session", plan.job.session),
-        ("log-dir", plan.job.log_dir),
+        ("log", plan.job.log),
         ("stop-ticks", ",".join(plan.job.stop_ticks(save=steps.save))),
     ]
     options += [("stale", stale)] if stale else []
@@ -171,6 +177,8 @@ def argv(
     if steps.bundle is not None:
         options += [("bundle-size", str(len(steps.bundle.data))), ("keep", str(plan.keep))]
         options += _preflight(plan, steps)
+    if steps.doing != "stop" and steps.wait > 0:
+        options += [("wait", str(max(1, round(steps.wait * 10)))), ("ready", steps.ready)]
     tail = plan.job.start_args(plan.launch, cwd=plan.cwd, env=plan.env)
     return site_argv(steps.doing, options, [] if steps.doing == "stop" else tail)
 
@@ -183,30 +191,34 @@ def _preflight(plan: DeployPlan, steps: Steps) -> list[tuple[str, str]]:
     return words + [("check", word) for word in plan.preflight.check]
 
 
-def _quiet(_: str) -> None:
-    pass
-
-
 def run(
-    plan: DeployPlan, steps: Steps, *, force: bool = False, expect: str = "", say: Say = _quiet
+    plan: DeployPlan,
+    steps: Steps,
+    *,
+    force: bool = False,
+    expect: str = "",
+    notice: Callable[[str], None] | None = None,
+    progress: Say | None = None,
 ) -> Done:
     """Run `steps` at the place: one command when the lock is free. A held lock is judged
     here (`DeployLock.judge`, with the place's word on whether the holding program lives): the
     command runs again after a short wait, or taking over the stale record, until the lock's
     wait is over (`LockHeld`). The program holds the lock itself and releases it on exit.
-    `say` gets the progress lines (`progress.Progress`)."""
-    archive = plan.checkpoints.archive_dest() if steps.archive else ""
-    owner = Owner.me(steps.doing)
-    deadline = time.monotonic() + plan.lock.wait
-    stale = ""
-    while True:
-        outcome = _run(plan, steps, owner, stale=stale, archive=archive, expect=expect, say=say)
-        if outcome.exit_code != HELD or outcome.held is None:
-            break
-        judged = plan.lock.judge(
-            outcome.held, force=force, deadline=deadline, holder=outcome.fact("holder")
-        )
-        stale = judged or ""
+    `progress` gets the place's steps as they go (`progress.Progress`).
+
+    Ctrl-C meanwhile (`interrupt`): `notice` is told at once; before the stop the command ends
+    with nothing changed (`Interrupted`), from the stop on it goes on to the end (`Done` with
+    `interrupted`); a second Ctrl-C leaves without its answer (`Interrupted`)."""
+    say = notice or _quiet
+    with interrupt.deferred(lambda: say(_notice(steps.doing))) as caught:
+        try:
+            outcome = _until_free(
+                plan, steps, caught, force=force, expect=expect, progress=progress or _quiet
+            )
+        except KeyboardInterrupt:
+            raise _left(plan, steps) from None
+    if caught.asked and "stop" not in outcome.steps:
+        raise _interrupted_before(plan, steps)
     if outcome.exit_code != 0 or outcome.step != "done":
         raise error(plan, steps, outcome)
     stopped, started = outcome.fact("stopped"), outcome.fact("started")
@@ -216,33 +228,117 @@ def run(
         stopped=plan.job.parse_line(stopped) if stopped else None,
         archived=outcome.fact("archived"),
         started=plan.job.parse_line(started) if started else None,
+        logged=int(outcome.fact("logged") or 0),
+        startup=_startup(plan.job, outcome),
+        interrupted=caught.asked,
     )
+
+
+def _until_free(
+    plan: DeployPlan,
+    steps: Steps,
+    caught: interrupt.Interrupt,
+    *,
+    force: bool,
+    expect: str,
+    progress: Say,
+) -> Outcome:
+    """The command's outcome once the lock was not held (or the wait for it is over, or an
+    interrupt came)."""
+    archive = plan.checkpoints.archive_dest() if steps.archive else ""
+    owner = Owner.me(steps.doing)
+    deadline = time.monotonic() + plan.lock.wait
+    stale = ""
+    while True:
+        if caught.asked:
+            raise _interrupted_before(plan, steps)
+        held = caught.hold(HeldOpen(steps.bundle.data if steps.bundle else b""))
+        outcome = _run(
+            plan, steps, owner, held, stale=stale, archive=archive, expect=expect, progress=progress
+        )
+        if outcome.exit_code != HELD or outcome.held is None or caught.asked:
+            return outcome
+        judged = plan.lock.judge(
+            outcome.held, force=force, deadline=deadline, holder=outcome.fact("holder")
+        )
+        stale = judged or ""
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _notice(doing: str) -> str:
+    goes_on = "stop" if doing == "stop" else f"{doing}, up to the start of the job"
+    return (
+        f"Interrupted: finishing safely. Before the running job is stopped nothing changes; once "
+        f"it is stopping, the {goes_on}, goes on. Ctrl-C again to leave without waiting."
+    )
+
+
+def _interrupted_before(plan: DeployPlan, steps: Steps) -> Interrupted:
+    where = plan.releases.place.description
+    return Interrupted(
+        f"Interrupted before the running job was stopped: the {steps.doing} changed nothing "
+        f"at {where}.",
+        hint=f"Run dflash {steps.doing} again when you want it.",
+    )
+
+
+def _left(plan: DeployPlan, steps: Steps) -> Interrupted:
+    where = plan.releases.place.description
+    return Interrupted(
+        f"Interrupted twice: left without waiting for {where}. Its {steps.doing} either changed "
+        "nothing or, if the running job was already stopping, goes on to the end there.",
+        hint="dflash status shows which release runs.",
+    )
+
+
+def _startup(job: Job, outcome: Outcome) -> StartUp | None:
+    """What the `ready` step said: the job's readiness, or its end and last log lines."""
+    ended = outcome.fact("ended")
+    if ended is not None:
+        lines = tuple(printable(line) for line in outcome.facts.get("tail", []))
+        state = job.parse_line(ended) if ended else None
+        return StartUp(outcome="ended", state=state, lines=lines)
+    said = outcome.fact("startup")
+    for known in ("ready", "starting", "interrupted"):
+        if said == known:
+            return StartUp(outcome=known)
+    return None
+
+
+def printable(line: str) -> str:
+    """A line of the job's log as it may be shown: control characters (a terminal's escape
+    sequences) become U+FFFD."""
+    return "".join(c if c.isprintable() or c == "\t" else "\ufffd" for c in line)
 
 
 def _run(
     plan: DeployPlan,
     steps: Steps,
     owner: Owner,
+    held: HeldOpen,
     *,
     stale: str,
     archive: str,
     expect: str,
-    say: Say,
+    progress: Say,
 ) -> Outcome:
     # stdin: the bundle (if any), then held open until the program exits: its end tells the
-    # program that this command is gone (`watch_caller`).
+    # program that this command is gone or let go of it (`watch_caller`, `hold_on`).
     place = plan.releases.place
-    progress = Progress(steps.doing, say)
+    watch = Progress(steps.doing, progress)
     try:
         result = place.run(
             argv(plan, steps, owner, stale=stale, archive=archive, expect=expect),
-            stdin=HeldOpen(steps.bundle.data if steps.bundle is not None else b""),
+            stdin=held,
             check=False,
             timeout=plan.job.stop_seconds() + 600.0,
-            progress=progress.feed,
+            progress=watch.feed,
         )
     except ConnectionDropped as exc:
-        raise progress.dropped(place.description, exc) from None
+        raise watch.dropped(place.description, exc) from None
     outcome = Outcome.of(result)
     log.debug("%s steps %s, exit %s", steps.doing, outcome.steps, outcome.exit_code)
     return outcome
@@ -300,6 +396,7 @@ _ERRORS: dict[str, Failure] = {
     "check": _check_failed,
     "unpack": _unpack_failed,
     "switch": _switch_failed,
+    "expect": _switch_failed,
     "current": _no_current,
     "stop": _stop_failed,
     "start": _start_failed,

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from dflash_ops.connect import shell
 from dflash_ops.errors import ConnectionFailed, DflashError, JobRunning
@@ -63,6 +63,17 @@ _SIZE_AND_TAIL = (
 )
 
 _MISSING = ("can't find session", "no server running", "error connecting", "can't find window")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartUp:
+    """How a job's start-up went, as site.sh's `ready` step saw it: `ready` (its readiness
+    line, or its first line), `ended` (with its state and the log's last lines), `starting`
+    (neither within the wait) or `interrupted` (the caller let go during the wait)."""
+
+    outcome: Literal["ready", "ended", "starting", "interrupted"]
+    state: JobState | None = None
+    lines: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -215,11 +226,6 @@ class Job:
         )
         return state, int(server) if server.isdigit() else None, dead == "1"
 
-    @property
-    def log_dir(self) -> str:
-        """The log's folder, created by the start."""
-        return _parent(self.log)
-
     def start_args(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str]) -> list[str]:
         """tmux's arguments that start `argv` in `cwd` with `env` (site.sh's `job_start` runs
         them after `--`): one tmux invocation, `new-session -d -s S sleep… ; set-option -w -t
@@ -351,11 +357,6 @@ class Job:
                     self.place = reconnect()
                 except ConnectionFailed as again:
                     log.warning("reconnect failed: %s", again)
-
-
-def _parent(path: str) -> str:
-    head, _, _ = path.rpartition("/")
-    return head or "/"
 
 
 def _tmux_missing(where: str) -> DflashError:

@@ -26,12 +26,14 @@ DOING = {
     "lock": "taking the deploy lock",
     "unpack": "sending and unpacking the release",
     "check": "checking [train]",
+    "expect": "checking that `current` is as read",
     "switch": "switching `current` to the release",
     "prune": "removing old releases",
     "current": "reading `current`",
     "stop": "stopping the job",
     "archive": "archiving the checkpoints",
     "start": "starting the job",
+    "ready": "waiting until the job is past start-up",
     "done": "finishing",
 }
 # The steps that can take long, said as they begin.
@@ -41,8 +43,8 @@ SAID = {
     "stop": "stopping the job: SIGINT (it saves a checkpoint), SIGTERM after [job] stop_timeout",
 }
 
-# What the place may be left with once the program had reached a step (it goes on from there
-# until it sees its connection closed); after a `switch` step, `current` has moved too.
+# What the place may be left with when the link drops before the stop: the program there ends
+# as soon as it sees its connection closed, having changed nothing else.
 LEFT = {
     "start-up": "nothing had changed there yet",
     "tmux": "nothing had changed there yet",
@@ -51,15 +53,17 @@ LEFT = {
     "unpack": "the new release may be there in part (the next deploy removes it); "
     "nothing else had changed",
     "check": "the new release may be there, unused; nothing else had changed",
-    "switch": "`current` may point at the new release while the job still runs the old one",
-    "prune": "the job still runs the old release; old releases may have been removed",
     "current": "nothing had changed there yet",
-    "stop": "the job may be stopped (its checkpoint saved) or still stopping",
-    "archive": "the job is stopped; its checkpoints may have been archived",
-    "start": "the job is stopped; the new one may have started",
-    "done": "the command had finished there",
+    "expect": "nothing had changed there yet",
 }
-SWITCHED = "`current` points at the new release; "
+# From the stop on (site.sh's point of no return) the program goes on to the end by itself.
+AFTER_STOP = frozenset({"stop", "switch", "prune", "archive", "start", "ready", "done"})
+GOES_ON = {
+    "deploy": "it switches `current` to the new release and starts it",
+    "rollback": "it switches `current` to the earlier release and starts it",
+    "restart": "it starts the job again on `current`",
+    "stop": "the job ends",
+}
 PENDING_MAX = 64 * 1024  # a line longer than this is no step line: only its end is kept
 
 
@@ -72,7 +76,6 @@ class Progress:
         self._say = say
         self._pending = b""
         self._since = time.monotonic()
-        self._switched = False
 
     def feed(self, chunk: bytes) -> None:
         self._pending += chunk
@@ -86,7 +89,6 @@ class Progress:
                 self._tick()
 
     def _begin(self, step: str) -> None:
-        self._switched = self._switched or self.step == "switch"
         self.step, self._since = step, time.monotonic()
         if step in SAID:
             self._say(f"… {SAID[step]}")
@@ -104,11 +106,21 @@ class Progress:
             if step in DOING
             else ", before its first step"
         )
+        lost = f"Lost the connection to {place} during dflash {self.doing}{at}: {exc.reason}."
+        if step in AFTER_STOP:  # the place finishes the command by itself
+            goes_on = GOES_ON.get(self.doing, "it goes on to the end")
+            return ConnectionDropped(
+                f"{lost} By then the running job was being stopped, the point from which the "
+                f"program there goes on by itself to the end: {goes_on}.",
+                reason=exc.reason,
+                hint=(
+                    "When the host answers again (ssh <host> true), dflash status shows what "
+                    "runs there; dflash logs --follow reconnects by itself."
+                ),
+            )
         return ConnectionDropped(
-            f"Lost the connection to {place} during dflash {self.doing}{at}: {exc.reason}. "
-            f"By then {self._left()}. The program there goes on until it "
-            "sees the connection closed (once the link is back), then ends and releases the "
-            "deploy lock.",
+            f"{lost} By then {LEFT.get(step, LEFT['start-up'])}. The program there ends as soon as it sees the "
+            "connection closed (once the link is back) and releases the deploy lock.",
             reason=exc.reason,
             hint=(
                 "When the host answers again (ssh <host> true), see what runs there with "
@@ -116,7 +128,3 @@ class Progress:
                 "while that program still ends). dflash logs --follow reconnects by itself."
             ),
         )
-
-    def _left(self) -> str:
-        left = LEFT.get(self.step, LEFT["start-up"])
-        return SWITCHED + left if self._switched else left

@@ -5,28 +5,37 @@
 # never pasted into the text. dflash_ops/remote/client.py builds the call and reads the answer.
 #
 #   deploy   --release ID --bundle-size N [--keep N] [--probe ARG]… [--check ARG]…
-#            [--archive-to DIR] COMMON -- TMUX-ARGS…   (the bundle's tar on stdin)
-#   restart  [--archive-to DIR] COMMON -- TMUX-ARGS…
-#   rollback --release ID [--expect ID] COMMON -- TMUX-ARGS…
+#            [--archive-to DIR] COMMON START -- TMUX-ARGS…   (the bundle's tar on stdin)
+#   restart  [--archive-to DIR] COMMON START -- TMUX-ARGS…
+#   rollback --release ID [--expect ID] COMMON START -- TMUX-ARGS…
 #   stop     COMMON
 #   prune-run --checkpoints DIR --run DIR   (delete one archived run, proven to be one)
+#   venv     --venv DIR --python BASE --requirements TEXT [--torch-index URL --torch REQ]
+#            [--wheels DIR] [--system-site 1] --probe ARG…   (build the job's venv, once)
 #
 #   COMMON: --root DIR --lock PATH --owner JSON [--stale RECORD] --checkpoints DIR
-#           --socket NAME --session NAME --log-dir DIR --stop-ticks INT,TERM,KILL
+#           --socket NAME --session NAME --log FILE --stop-ticks INT,TERM,KILL
+#   START:  [--wait TICKS --ready TEXT]: after the start, wait (ticks of 0.1 s) until TEXT is in
+#           the job's new log lines (empty: any line) or the job has ended (step `ready`)
 #
 # What a command does is announced on stdout as `step<TAB>NAME` before it runs; what a step
-# found is `KEY<TAB>VALUE` (`removed`, `current`, `stopped`, `archived`, `started`); a failed
-# step prints `failed<TAB>STATUS` and exits 1. While it runs, `tick<TAB>SECONDS` comes every
-# TICK seconds: a step that waits long (the job's stop, the trainer's check) is never silent, so
-# the caller can tell it from a dead link, and the connection carries bytes from here, so sshd
-# notices a caller that went away (its link cut) as soon as the link is back. Exit 3 with `holder<TAB>alive|gone|unknown`
+# found is `KEY<TAB>VALUE` (`removed`, `current`, `stopped`, `archived`, `logged`, `started`);
+# a failed step prints `failed<TAB>STATUS` and exits 1. While it runs, `tick<TAB>SECONDS` comes
+# every TICK seconds: a step that waits long (the job's stop, the trainer's check) is never
+# silent, so the caller can tell it from a dead link, and the connection carries bytes from here,
+# so sshd notices a caller that went away (its link cut) as soon as the link is back. Exit 3 with `holder<TAB>alive|gone|unknown`
 # and `held<TAB>RECORD` (last): the lock is held. Exit 10: tmux or python failed the preflight.
 #
 # The steps of deploy, in order: tmux, python (--probe) → lock → unpack → check (--check: the
 # trainer's own check of the release's train.toml; a failure removes the unpacked release) →
-# switch → prune → stop → archive (--archive-to) → start → done. Nothing stops before the check
-# passed. Restart reads `current` instead of unpacking; rollback only switches (while `current`
-# is still --expect); stop only stops.
+# stop → switch → prune → archive (--archive-to) → start → ready → done. Nothing stops before
+# the check passed. Restart reads `current` instead of unpacking; rollback checks that `current`
+# is still --expect (`expect`), then switches after the stop; stop only stops.
+#
+# The stop is the point of no return (`hold_on`): a caller gone before it leaves everything as
+# it was (nothing but a lock and an unfinished `.tmp` release was touched, and the lock goes);
+# from it on, the command goes on to the end whatever becomes of its caller, so the place is
+# never left without its job: the new release (deploy, rollback), the same one (restart).
 #
 # The steps run in their own process group, and this program never outlives the command that
 # started it: stdin carries the bundle (exactly its size) and then stays open until the program
@@ -38,6 +47,8 @@ readonly TICK=10        # seconds between two `tick` lines
 readonly HELD=3         # the lock is held by someone else
 readonly PREFLIGHT=10   # tmux or python failed
 readonly RUNNING=5      # the job's session is running (start refused)
+readonly GONE=143       # the caller let go before the stop: nothing was stopped
+readonly NO_VENV=20 NO_INSTALL=21 MISSING=22  # venv: its creation, pip, a module missing
 readonly COMPLETE=.complete  # written last into a release: everything before it is on disk
 readonly ARCHIVE=archive     # the folder of archived runs inside the checkpoints folder
 # The pane's state line (job.py parses it): dead|status|signal|pid|created|server pid
@@ -290,6 +301,49 @@ job_start() {  # $1 socket, $2 session, $3 the log's folder, then tmux's start a
   printf '%s\n' "$line"
 }
 
+# --- the job's venv: built once per requirements, from the target's python -----------------
+
+venv_check() {  # the venv's python finds every module of the trainer (--probe: one python -c)
+  local out rc
+  out=$("${probe[@]}" </dev/null); rc=$?
+  printf '%s\n' "${out##*$'\n'}"
+  return "$rc"
+}
+venv_build() {  # --venv DIR from --python BASE: exit 0 when it is complete, now or before
+  # Another build of the same folder is waited for (flock on DIR.lock); a folder without its
+  # marker is an interrupted build, removed first. Exit NO_VENV, NO_INSTALL, MISSING: the step.
+  local dir=$venv
+  local -a pip
+  if [ -f "$dir/$COMPLETE" ]; then
+    venv_check || return "$MISSING"; echo "dflash: $dir is built already"; return 0
+  fi
+  mkdir -p -- "${dir%/*}" || return 1
+  exec 9>"$dir.lock" || return 1
+  if command -v flock >/dev/null; then flock 9 || return 1; fi
+  if [ -f "$dir/$COMPLETE" ]; then
+    venv_check || return "$MISSING"; echo "dflash: $dir is built already"; return 0
+  fi
+  rm -rf -- "$dir" || return 1
+  echo "dflash: creating $dir from $base"
+  if [ -n "$system_site" ]; then
+    "$base" -m venv --system-site-packages -- "$dir" </dev/null || return "$NO_VENV"
+  else
+    "$base" -m venv -- "$dir" </dev/null || return "$NO_VENV"
+  fi
+  printf '%s' "$requirements" > "$dir/requirements.txt" || return 1
+  pip=("$dir/bin/python" -m pip install --disable-pip-version-check --no-input --progress-bar off)
+  [ -z "$wheels" ] || pip+=(--no-index --find-links "$wheels")
+  if [ -n "$torch_index" ]; then
+    echo "dflash: installing $torch from $torch_index"
+    "${pip[@]}" --index-url "$torch_index" "$torch" </dev/null || return "$NO_INSTALL"
+  fi
+  echo "dflash: installing $dir/requirements.txt"
+  "${pip[@]}" -r "$dir/requirements.txt" </dev/null || return "$NO_INSTALL"
+  venv_check || return "$MISSING"
+  : > "$dir/$COMPLETE" || return 1
+  echo "dflash: built $dir"
+}
+
 # --- the commands ---------------------------------------------------------------------------
 
 watch_caller() {  # $1 our process group: ended once stdin (the caller's line) closes
@@ -302,6 +356,17 @@ watch_caller() {  # $1 our process group: ended once stdin (the caller's line) c
     while kill -0 "$1" 2>/dev/null && [ "$n" -lt 30 ]; do sleep 0.1; n=$((n + 1)); done
     kill -s KILL -- "-$1"
   } 0<&0 >/dev/null 2>&1 &
+  watcher=$!
+}
+
+hold_on() {  # the point of no return, as the stop begins: from here on the steps go to the end
+  # Signals are handled (not ignored: what is started after gets their default again) and the
+  # caller's watcher goes; a caller that let go before this moment (its end of stdin closed:
+  # `read -t 0` finds EOF) still leaves everything as it was.
+  trap ':' TERM HUP INT PIPE
+  if [ -n "$watcher" ]; then kill -s KILL "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; fi
+  watcher=""
+  if read -r -t 0; then exit "$GONE"; fi
 }
 
 ticks() {  # in the background: `tick<TAB>SECONDS` every TICK s, as long as the program runs
@@ -314,7 +379,8 @@ usage() { echo "site.sh: $1" >&2; exit 2; }
 
 parse_options() {  # named options into the globals below; after `--`: tmux's start arguments
   root="" id="" size="" keep=5 lock="" owner="" stale="" ckpt="" dest="" expect=""
-  socket="" session="" logdir="" ticks="" run=""
+  socket="" session="" log="" ticks="" run="" wait=0 ready="" watcher=""
+  venv="" base="" requirements="" torch_index="" torch="" wheels="" system_site=""
   probe=() checker=() tmux_args=()
   while [ "$#" -gt 0 ]; do
     case $1 in
@@ -337,9 +403,18 @@ parse_options() {  # named options into the globals below; after `--`: tmux's st
       --check) checker+=("$2") ;;
       --socket) socket=$2 ;;
       --session) session=$2 ;;
-      --log-dir) logdir=$2 ;;
+      --log) log=$2 ;;
       --stop-ticks) ticks=$2 ;;
       --run) run=$2 ;;
+      --wait) wait=$2 ;;
+      --venv) venv=$2 ;;
+      --python) base=$2 ;;
+      --requirements) requirements=$2 ;;
+      --torch-index) torch_index=$2 ;;
+      --torch) torch=$2 ;;
+      --wheels) wheels=$2 ;;
+      --system-site) system_site=$2 ;;
+      --ready) ready=$2 ;;
       *) usage "unknown option $1" ;;
     esac
     shift 2
@@ -390,12 +465,17 @@ step_unpack_and_check() {  # the bundle into releases/<id>.tmp, then the trainer
   fi
 }
 
-step_switch() {  # `current` → releases/<id> (rollback: only while it still is --expect)
-  say step switch
-  if [ -n "$expect" ] && [ "$(readlink -- "$root/current")" != "releases/$expect" ]; then
+step_expect() {  # rollback: `current` must still be --expect (its target was chosen from it)
+  [ -n "$expect" ] || return 0
+  say step expect
+  if [ "$(readlink -- "$root/current")" != "releases/$expect" ]; then
     echo "current is no longer $expect (another command switched it); run again" >&2
     fail 1
   fi
+}
+
+step_switch() {  # `current` → releases/<id>
+  say step switch
   names=$(release_switch "$root" "$id") || fail $?
 }
 
@@ -414,8 +494,9 @@ step_current() {  # restart: the release `current` points at
   say current "${current##*/}"
 }
 
-step_stop() {
+step_stop() {  # the point of no return (`hold_on`)
   local line
+  hold_on
   say step stop
   line=$(job_stop "$socket" "$session" "$ticks") || fail $?
   [ -z "$line" ] || say stopped "$line"
@@ -429,11 +510,34 @@ step_archive() {  # the checkpoints into --archive-to
   [ "$out" != moved ] || say archived "$dest"
 }
 
-step_start() {
-  local line
+step_start() {  # `logged`: the log's size before the job starts (its output begins there)
+  local dir=${log%/*}
   say step start
-  line=$(job_start "$socket" "$session" "$logdir" "${tmux_args[@]}") || fail $?
-  say started "$line"
+  logged=$(stat -c %s -- "$log" 2>/dev/null) || logged=0
+  say logged "$logged"
+  started=$(job_start "$socket" "$session" "${dir:-/}" "${tmux_args[@]}") || fail $?
+  say started "$started"
+}
+
+step_ready() {  # until the job is past start-up: `startup ready|starting|interrupted`, or
+  # `ended STATE-LINE` after its log's last lines (`tail LINE`, 20 of them, 500 bytes each)
+  local n=0 dead rest pid from=$((logged + 1)) line
+  [ "$wait" -gt 0 ] || return 0
+  say step ready
+  lock_release "$lock" "$record"  # the job has started: nothing here changes any more
+  IFS='|' read -r dead rest rest pid rest <<< "$started"
+  while :; do
+    if tail -c "+$from" -- "$log" 2>/dev/null | grep -qF -- "$ready"; then
+      say startup ready; return 0
+    fi
+    if [ "$dead" = 1 ] || ! proc_start "$pid" >/dev/null; then
+      while IFS= read -r line; do say tail "$line"; done < <(tail -n 20 -- "$log" | cut -b 1-500)
+      say ended "$(job_state "$socket" "$session")"; return 0
+    fi
+    [ "$n" -lt "$wait" ] || { say startup starting; return 0; }
+    if read -r -t 0; then say startup interrupted; return 0; fi  # the caller let go
+    sleep 0.1; n=$((n + 1))
+  done
 }
 
 site_main() {  # $1 the command, then its options
@@ -448,13 +552,17 @@ site_main() {  # $1 the command, then its options
   if [ "$command" = deploy ] && [ "${#probe[@]}" -gt 0 ]; then step_preflight; fi
   step_lock
   case $command in
-    deploy) step_unpack_and_check; step_switch; step_prune ;;
-    rollback) step_switch ;;
+    deploy) step_unpack_and_check ;;
+    rollback) step_expect ;;
     restart) step_current ;;
   esac
   step_stop
-  case $command in deploy | restart) step_archive ;; esac
-  [ "$command" = stop ] || step_start
+  case $command in
+    deploy) step_switch; step_prune; step_archive ;;
+    rollback) step_switch ;;
+    restart) step_archive ;;
+  esac
+  if [ "$command" != stop ]; then step_start; step_ready; fi
   say step 'done'
 }
 
@@ -473,5 +581,9 @@ case ${1:-} in
     parse_options "${@:2}"
     checkpoints_remove_run "$ckpt" "$run"
     ;;
-  *) usage "unknown command ${1:-(none)}: deploy, restart, rollback, stop or prune-run" ;;
+  venv)
+    parse_options "${@:2}"
+    venv_build
+    ;;
+  *) usage "unknown command ${1:-(none)}: deploy, restart, rollback, stop, prune-run or venv" ;;
 esac

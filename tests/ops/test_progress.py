@@ -14,8 +14,7 @@ from dflash_ops.remote.progress import Progress
 # what site.sh prints for a deploy up to its stop step, with a tick while the job stops
 DEPLOY = (
     b"step\ttmux\ntmux\t0 tmux 3.3a\nstep\tpython\npython\t0 ok\nstep\tlock\nstep\tunpack\n"
-    b"step\tcheck\nstep\tswitch\nstep\tprune\nremoved\t20260101-000000-000-abcd\nstep\tstop\n"
-    b"tick\t10\n"
+    b"step\tcheck\nstep\tstop\ntick\t10\n"
 )
 
 
@@ -56,17 +55,25 @@ def test_a_drop_names_the_command_the_step_and_what_the_place_may_be_left_with()
     text = str(dropped)
     assert text.startswith("Lost the connection to root@host:22 during dflash deploy, at its")
     assert "'stop' step (stopping the job)" in text and why in text
-    assert "`current` points at the new release; the job may be stopped" in text
-    assert "dflash status" in dropped.hint and "dflash deploy again" in dropped.hint
+    assert "goes on by itself to the end" in text
+    assert "switches `current` to the new release and starts it" in text
+    assert "dflash status" in dropped.hint
     early = Progress("stop", lambda _: None).dropped("h", ConnectionDropped("x", reason="y"))
     assert "before its first step" in str(early) and "nothing had changed" in str(early)
+    assert "dflash stop again" in early.hint
+    checking = Progress("deploy", lambda _: None)
+    checking.feed(b"step\tlock\nstep\tunpack\nstep\tcheck\n")
+    text = str(checking.dropped("h", ConnectionDropped("x", reason="y")))
+    assert "'check' step" in text and "unused; nothing else had changed" in text
 
 
 def test_every_step_of_the_program_has_its_words() -> None:
     """A step added to site.sh without words here would be said as nothing."""
     steps = {line.split("say step ", 1)[1].split()[0].strip("'") for line in SITE.splitlines()
              if "say step " in line}  # fmt: skip
-    assert steps and steps <= set(progress.DOING) and steps <= set(progress.LEFT)
+    assert steps and steps <= set(progress.DOING)
+    assert steps <= set(progress.LEFT) | progress.AFTER_STOP
+    assert not set(progress.LEFT) & progress.AFTER_STOP
 
 
 def test_a_line_without_end_is_not_kept_whole() -> None:

@@ -134,7 +134,7 @@ def ssh_target(tmp_path: Path, ssh_home: object) -> Iterator[Where]:
     where.targets = (
         f'[targets.box]\nplace = "ssh"\nhost = "testbox"\nroot = "{root}"\ncheckpoints = "{ckpt}"\n'
     )
-    where.config("sleep 600", extra="lock_wait = 0.5\n")
+    where.config("echo up; exec sleep 600", extra="lock_wait = 0.5\n")
     yield where
     kill_tmux_server(where.socket)
 
