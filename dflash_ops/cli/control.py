@@ -54,6 +54,11 @@ def stop(
         output.hint(output.NEVER_DEPLOYED_HINT)
     elif final is None:
         output.info(f"No job session {ws.config.job.session!r} on {place}: nothing to stop.")
+    elif final.exit_code is None:
+        output.success(
+            f"Job {final.session!r} on {place} was stopped and its session closed (tmux had not "
+            "recorded its exit status yet)."
+        )
     else:
         output.success(
             f"Job {final.session!r} on {place} has ended (exit {final.exit_code}); session closed."
@@ -84,6 +89,10 @@ def restart(
     """
     with workspace(ctx, where) as ws:
         report = operations.restart(ws, clean=clean, force=force, say=output.warn)
+    if report.cleaned:
+        output.info(
+            f"Removed unfinished releases of interrupted deploys: {', '.join(report.cleaned)}"
+        )
     if report.archived:
         output.info(f"Archived the checkpoints into {report.archived}.")
     output.success(f"Restarted job {report.started.session!r} on release {report.release}.")

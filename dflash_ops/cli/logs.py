@@ -14,6 +14,7 @@ from dflash_ops.cli.options import (
 )
 from dflash_ops.commands.workspace import Workspace
 from dflash_ops.errors import JobNotFound
+from dflash_ops.untrusted import more
 
 app = typer.Typer()
 
@@ -61,8 +62,11 @@ def logs(
     with workspace(ctx, where) as ws:
         try:
             job = ws.job()
-            body, size = job.tail(tail)
-            show(body)
+            found = job.tail(tail)
+            size = found.size
+            if found.cut:
+                output.info(f"{more(found.cut)} of the log before these lines")
+            show(found.body)
             if size < 0 and not ws.deployed_here and not job.state().exists:
                 _never_deployed(ws)
             if not follow:

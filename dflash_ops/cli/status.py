@@ -18,6 +18,7 @@ from dflash_ops.cli.options import (
     with_target,
 )
 from dflash_ops.commands import operations
+from dflash_ops.untrusted import more
 
 app = typer.Typer()
 
@@ -99,6 +100,8 @@ def _print_human(report: dict[str, Any]) -> None:
     elif report.get("gpu_note"):
         say(f"[bold]gpus[/bold]     [dim]{output.message(report['gpu_note'])}[/dim]")
     say(f"[bold]log[/bold]      {escape(report['log'])}")
+    if report.get("log_cut"):
+        say(f"  [dim]{more(report['log_cut'])} before these lines[/dim]")
     for line in report["last_lines"]:
         say(f"  {output.message(line)}")
 

@@ -21,7 +21,7 @@ import datetime as dt
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_ops.commands import doctor, gpus
@@ -36,6 +36,8 @@ from dflash_ops.settings import state
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
 FORCE_RESUME_ENV = "DFLASH_FORCE_RESUME"  # read by trainer.train
+STATUS_LOG_CAP = 64 * 1024  # bytes of the log's end `status` reads for its last lines
+METRICS_CAP = 1024 * 1024  # bytes of the last metrics row read (a row is well under)
 
 
 def _quiet(_: str) -> None:
@@ -57,6 +59,7 @@ class RestartReport:
     stopped: JobState | None
     archived: str | None
     started: JobState
+    cleaned: list[str] = field(default_factory=list)  # `<id>.tmp` left by killed deploys
 
 
 def launch_argv(ws: Workspace) -> list[str]:
@@ -144,8 +147,13 @@ def restart(
     steps = client.Steps(doing="restart", archive=clean)
     done = client.run(remote_plan(ws, warn=say), steps, force=force)
     assert done.release is not None and done.started is not None
+    _say_survived(done, say)
     return RestartReport(
-        release=done.release, stopped=done.stopped, archived=done.archived, started=done.started
+        release=done.release,
+        stopped=done.stopped,
+        archived=done.archived,
+        started=done.started,
+        cleaned=done.cleaned,
     )
 
 
@@ -162,7 +170,14 @@ def rollback(
     steps = client.Steps(doing="rollback", switch_to=target)
     done = client.run(remote, steps, force=force, expect=current or "")
     assert done.started is not None
-    return RestartReport(release=target, stopped=done.stopped, archived=None, started=done.started)
+    _say_survived(done, say)
+    return RestartReport(
+        release=target,
+        stopped=done.stopped,
+        archived=None,
+        started=done.started,
+        cleaned=done.cleaned,
+    )
 
 
 def stop(
@@ -171,14 +186,26 @@ def stop(
     """SIGINT → SIGTERM → SIGKILL, end the session: one command at the place, under the lock.
     `save=False`: SIGTERM right after SIGINT, so the trainer ends without its stop checkpoint."""
     steps = client.Steps(doing="stop", save=save)
-    return client.run(remote_plan(ws, warn=say), steps, force=force).stopped
+    done = client.run(remote_plan(ws, warn=say), steps, force=force)
+    _say_survived(done, say)
+    return done.stopped
+
+
+def _say_survived(done: client.Done, say: Say) -> None:
+    """A stopped job whose process group outlived SIGKILL (a process stuck in the kernel)."""
+    if done.survived is not None:
+        say(
+            f"Processes of the stopped job (process group {done.survived}) are still alive "
+            "after SIGKILL: they are stuck in the kernel (a hung disk or GPU driver?); check "
+            f"them at the place: ps -o pid,stat,wchan,cmd -g {done.survived}"
+        )
 
 
 def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:
     """Everything `dflash status` shows, as one JSON-ready object."""
     job = ws.job()
     current = job.state()
-    body, size = job.tail(lines)
+    log = job.tail(lines, cap=STATUS_LOG_CAP)
     started = (
         dt.datetime.fromtimestamp(current.started_at, dt.UTC).isoformat(timespec="seconds")
         if current.started_at is not None
@@ -198,8 +225,9 @@ def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:
         "release": ws.releases().current(),
         "job_release": job_release(ws, current),
         "log": ws.log_path,
-        "log_bytes": max(size, 0),
-        "last_lines": body.decode("utf-8", "replace").splitlines(),
+        "log_bytes": max(log.size, 0),
+        "last_lines": log.body.decode("utf-8", "backslashreplace").splitlines(),
+        "log_cut": log.cut,
         "metrics": metrics,
         "split": gpus.split_summary(metrics),
         **gpu_status(ws, metrics),
@@ -236,9 +264,15 @@ def gpu_status(ws: Workspace, metrics: dict[str, Any] | None) -> dict[str, Any]:
     return {"gpus": gpus.table(readings, metrics, env=env, host=host), "gpu_note": None}
 
 
+# The last line of file $1, at most its last $2 bytes (`tail -n 1` alone of a file that ends in a
+# huge line would send all of it).
+_LAST_ROW = 'tail -n 1 -- "$1" | tail -c "$2"'
+
+
 def last_metrics(ws: Workspace) -> dict[str, Any] | None:
     """The last line of `<checkpoints>/metrics.jsonl` (step, loss, tokens_per_s, time, …)."""
-    result = ws.place.run(["tail", "-n", "1", "--", ws.metrics_path], check=False)
+    argv = ["bash", "-c", _LAST_ROW, "dflash-metrics", ws.metrics_path, str(METRICS_CAP)]
+    result = ws.place.run(argv, check=False, cap=METRICS_CAP)
     if result.exit_code != 0 or not result.stdout.strip():
         return None
     try:

@@ -8,6 +8,11 @@ Both transports give the same contract:
   exhausted, `exit_code` and `stderr` are set on it; `close()` abandons the command early.
 - A program that does not exist exits 127 and one killed by a signal exits 128+signal (local)
   or -1 (SSH: the server reports a signal, not a status), as a shell would report.
+- What is kept of the output is bounded (`bounded.py`): stdout's first `cap` bytes, stderr's
+  last `STDERR_CAP`, the rest counted in `Result.stdout_more`/`stderr_more`: a place that
+  prints without end costs time, never memory. `timeout` bounds the command, a `Watch` moves
+  its bound as its stdout arrives; time up: the command is ended (locally its process group
+  killed; over SSH its channel closed), its stdin closed, `CommandTimedOut` raised.
 
 `SSHTransport` holds ONE paramiko connection, opened on first use and shared by every command
 (each command is a channel on it). `connections_opened` counts real connections. If the
@@ -30,15 +35,26 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, BinaryIO, Protocol, runtime_checkable
 
 from dflash_ops.connect import shell
+from dflash_ops.connect.bounded import (
+    CHUNK,
+    STDERR_CAP,
+    STDOUT_CAP,
+    Clock,
+    Collector,
+    TimeUp,
+    Watch,
+    collectors,
+    exited,
+    joined,
+)
 from dflash_ops.errors import CommandTimedOut, ConnectionFailed
+from dflash_ops.untrusted import more
 
 if TYPE_CHECKING:  # paramiko (~0.1-0.3 s to import) loads only when an SSH command runs
     import paramiko
 
     from dflash_ops.connect.ssh_config import SSHTarget
     from dflash_ops.connect.ssh_connect import Connection
-
-CHUNK = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -58,12 +74,15 @@ Stdin = bytes | bytearray | memoryview | BinaryIO | HeldOpen | None
 
 @dataclass(frozen=True)
 class Result:
-    """What a finished command left behind."""
+    """What a finished command left behind (`stdout_more`/`stderr_more`: bytes read beyond what
+    was kept, after the kept stdout and before the kept stderr)."""
 
     argv: tuple[str, ...]
     exit_code: int
     stdout: bytes
     stderr: bytes
+    stdout_more: int = 0
+    stderr_more: int = 0
 
     @property
     def ok(self) -> bool:
@@ -71,11 +90,13 @@ class Result:
 
     @property
     def stdout_text(self) -> str:
-        return self.stdout.decode("utf-8", errors="replace")
+        return self.stdout.decode("utf-8", errors="backslashreplace")
 
     @property
     def stderr_text(self) -> str:
-        return self.stderr.decode("utf-8", errors="replace")
+        """stderr as text, after a first line saying how much came before it, if anything."""
+        text = self.stderr.decode("utf-8", errors="backslashreplace")
+        return f"{more(self.stderr_more)} before this:\n{text}" if self.stderr_more else text
 
 
 @runtime_checkable
@@ -84,7 +105,13 @@ class Transport(Protocol):
     connections_opened: int
 
     def run(
-        self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        cap: int = STDOUT_CAP,
+        watch: Watch | None = None,
     ) -> Result: ...
 
     def stream(self, argv: Sequence[str]) -> StreamResult: ...
@@ -169,33 +196,8 @@ def _pipe(stream: IO[bytes] | None) -> io.BufferedReader:
     return stream
 
 
-class _Collector(threading.Thread):
-    """Reads a stream to its end in the background (so two pipes never block each other)."""
-
-    def __init__(self, read: Callable[[int], bytes]) -> None:
-        super().__init__(daemon=True)
-        self._read = read
-        self.parts: list[bytes] = []
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            while chunk := self._read(CHUNK):
-                self.parts.append(chunk)
-        except BaseException as exc:  # reported by whoever joins us
-            self.error = exc
-
-    @property
-    def data(self) -> bytes:
-        return b"".join(self.parts)
-
-
-def _deadline(timeout: float | None) -> float | None:
-    return None if timeout is None else time.monotonic() + timeout
-
-
-def _remaining(deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
+def _result(args: tuple[str, ...], code: int, out: Collector, err: Collector) -> Result:
+    return Result(args, code, out.data, err.data, stdout_more=out.more, stderr_more=err.more)
 
 
 def _argv(argv: Sequence[str]) -> tuple[str, ...]:
@@ -231,37 +233,41 @@ class LocalTransport:
         return 128 - code if code < 0 else code  # -SIGKILL → 137, like a shell
 
     def run(
-        self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        cap: int = STDOUT_CAP,
+        watch: Watch | None = None,
     ) -> Result:
         args = _argv(argv)
         proc = self._spawn(args, subprocess.PIPE)
         if proc is None:
             return Result(args, 127, b"", f"{args[0]}: command not found\n".encode())
         assert proc.stdin
-        out, err = _Collector(_pipe(proc.stdout).read1), _Collector(_pipe(proc.stderr).read1)
-        out.start()
-        err.start()
+        out, err = collectors(_pipe(proc.stdout).read1, _pipe(proc.stderr).read1, cap, watch)
         writer = threading.Thread(target=self._feed, args=(proc, stdin), daemon=True)
         writer.start()
-        deadline = _deadline(timeout)
+        clock = Clock(timeout, watch)
         try:
-            proc.wait(timeout=_remaining(deadline))
+            clock.until(lambda seconds: exited(proc, seconds))
             if isinstance(stdin, HeldOpen):
-                writer.join(_remaining(deadline))
+                clock.until(joined(writer))
                 with contextlib.suppress(OSError):
                     proc.stdin.close()
             # Output ends when the last holder of the pipes exits, which may be a background
-            # child of the command: that is bounded by the same deadline.
+            # child of the command: that is bounded by the same clock.
             for thread in (writer, out, err):
-                thread.join(_remaining(deadline))
-                if thread.is_alive():
-                    raise subprocess.TimeoutExpired(args, timeout or 0.0)
-        except subprocess.TimeoutExpired:
+                clock.until(joined(thread))
+        except TimeUp:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                proc.stdin.close()  # what it left running sees its caller gone (`HeldOpen`)
             proc.wait()
-            raise CommandTimedOut(f"{args[0]} did not finish within {timeout} s locally") from None
-        return Result(args, self._status(proc.returncode), out.data, err.data)
+            raise CommandTimedOut(f"{args[0]} did not finish in time locally") from None
+        return _result(args, self._status(proc.returncode), out, err)
 
     @staticmethod
     def _feed(proc: subprocess.Popen[bytes], stdin: Stdin) -> None:
@@ -283,7 +289,7 @@ class LocalTransport:
             missing = f"{args[0]}: command not found\n".encode()
             return StreamResult(args, iter(()), lambda: (127, missing), lambda: None)
         stdout = _pipe(proc.stdout)
-        err = _Collector(_pipe(proc.stderr).read1)
+        err = Collector(_pipe(proc.stderr).read1, cap=STDERR_CAP, tail=True)
         err.start()
 
         def chunks() -> Iterator[bytes]:
@@ -412,29 +418,35 @@ class SSHTransport:
         raise self._lost(args)
 
     def run(
-        self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        cap: int = STDOUT_CAP,
+        watch: Watch | None = None,
     ) -> Result:
         args = _argv(argv)
-        deadline = _deadline(timeout)
+        clock = Clock(timeout, watch)
         channel = self._open(args)
-        out, err = _Collector(channel.recv), _Collector(channel.recv_stderr)
-        out.start()
-        err.start()
+        out, err = collectors(channel.recv, channel.recv_stderr, cap, watch)
         writer = threading.Thread(target=self._feed, args=(channel, stdin), daemon=True)
         writer.start()
         try:
             for thread in (writer, out, err):
-                thread.join(_remaining(deadline))
-                if thread.is_alive():
-                    raise CommandTimedOut(
-                        f"{args[0]} did not finish within {timeout} s on {self.description}"
-                    )
+                clock.until(joined(thread))
             code = self._exit_status(channel, args)
+        except TimeUp:
+            # Closing the channel closes the command's stdin at the server: what watches it
+            # (`HeldOpen`) ends there.
+            raise CommandTimedOut(
+                f"{args[0]} did not finish in time on {self.description}"
+            ) from None
         finally:
             channel.close()
         if out.error or err.error:
             raise self._lost(args, out.error or err.error)
-        return Result(args, code, out.data, err.data)
+        return _result(args, code, out, err)
 
     @staticmethod
     def _feed(channel: paramiko.Channel, stdin: Stdin) -> None:
@@ -454,7 +466,7 @@ class SSHTransport:
         args = _argv(argv)
         channel = self._open(args)
         channel.shutdown_write()
-        err = _Collector(channel.recv_stderr)
+        err = Collector(channel.recv_stderr, cap=STDERR_CAP, tail=True)
         err.start()
 
         def chunks() -> Iterator[bytes]:

@@ -98,12 +98,8 @@ class Checkpoints:
         result = self.place.run(
             ["bash", "-c", _ENTRIES, "dflash-ls", folder or self.path, "1" if sizes else "0"]
         )
-        entries = []
-        for record in result.stdout.decode("utf-8", "surrogateescape").split("\0"):
-            if not record:
-                continue
-            name, kind, size, mtime = record.rsplit("\t", 3)
-            entries.append(Entry(name=name, kind=kind, size=int(size), mtime=float(mtime)))
+        records = result.stdout.decode("utf-8", "surrogateescape").split("\0")
+        entries = [entry for record in records if (entry := _entry(record)) is not None]
         return sorted(entries, key=lambda e: e.name)
 
     def archive_dest(self, *, now: dt.datetime | None = None) -> str:
@@ -141,6 +137,19 @@ class Checkpoints:
         if not name or "/" in name or name in (".", "..") or "\0" in name:
             raise CheckpointPathError(f"Refusing {name!r}: not an entry of {folder or self.path}.")
         return f"{folder or self.path}/{name}"
+
+
+def _entry(record: str) -> Entry | None:
+    """One `NAME<TAB>KIND<TAB>SIZE<TAB>MTIME` record; None for one that is not (the end of a
+    listing cut at its bound)."""
+    fields = record.rsplit("\t", 3)
+    if len(fields) != 4 or not fields[2].isdigit():
+        return None
+    name, kind, size, mtime = fields
+    try:
+        return Entry(name=name, kind=kind, size=int(size), mtime=float(mtime))
+    except ValueError:
+        return None
 
 
 def is_run(entry: Entry) -> bool:

@@ -12,6 +12,11 @@ the typed error of the step that failed through one table (`_ERRORS`). A held lo
 judged here (`DeployLock.judge`: wait, take over a stale record, or `--force`) and the command
 runs once more. A command killed on its way (no `failed` line) makes the client look at the
 place again, so a container stopped under it is reported as such.
+
+Each step has a bound (`step_bound`: the place's `timeout`; the trainer's check and the stop
+get what they need on top), judged here as the step lines arrive (`StepWatch`): a step that
+overruns ends the command (the program's watcher then ends everything it started at the place)
+and raises `CommandTimedOut` naming the step.
 """
 
 from __future__ import annotations
@@ -24,18 +29,22 @@ from pathlib import Path
 from typing import Literal
 
 from dflash_ops.connect.transport import HeldOpen, Result
-from dflash_ops.errors import DflashError, RemoteCommandFailed
+from dflash_ops.errors import CommandTimedOut, DflashError, ReleaseError, RemoteCommandFailed
 from dflash_ops.remote.checkpoints import Checkpoints, PruneReport
 from dflash_ops.remote.job import Job, JobState
 from dflash_ops.remote.lock import DeployLock, Owner
 from dflash_ops.remote.release import KEEP, Bundle, Releases, checked_id
+from dflash_ops.untrusted import last_line
 
 log = logging.getLogger(__name__)
 
 SITE = (Path(__file__).parent / "site.sh").read_text()
 Command = Literal["deploy", "restart", "rollback", "stop"]  # site.sh's changing commands
+START_UP = "start-up"  # before the program's first step line
 HELD = 3  # site.sh: the lock is held by someone else
+MOVED = 4  # site.sh: rollback found `current` moved since it chose its target
 PREFLIGHT = 10  # site.sh: tmux or python failed the preflight
+ANSWER_CAP = 1024 * 1024  # bytes of the program's answer kept (its step lines are short)
 
 
 def site_argv(
@@ -79,7 +88,7 @@ class Outcome:
 
     @property
     def step(self) -> str:
-        return self.steps[-1] if self.steps else "start-up"
+        return self.steps[-1] if self.steps else START_UP
 
     @property
     def code(self) -> int:
@@ -112,6 +121,8 @@ class Done:
     stopped: JobState | None
     archived: str | None
     started: JobState | None
+    cleaned: list[str] = field(default_factory=list)  # unfinished `<id>.tmp` releases removed
+    survived: int | None = None  # the stopped job's process group, alive after SIGKILL
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +135,7 @@ class Preflight:
     check: Sequence[str]
     failed: Callable[[str, Result], DflashError]  # "tmux" or "python", and what it answered
     invalid: Callable[[int, Sequence[str]], DflashError]  # the check's status and its lines
+    check_seconds: float = 0.0  # the check's own bound (the place's timeout when larger)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,12 +211,15 @@ def run(plan: DeployPlan, steps: Steps, *, force: bool = False, expect: str = ""
     if outcome.exit_code != 0 or outcome.step != "done":
         raise error(plan, steps, outcome)
     stopped, started = outcome.fact("stopped"), outcome.fact("started")
+    survived = outcome.fact("survived") or ""
     return Done(
         release=steps.release or outcome.fact("current"),
         removed=sorted(outcome.facts.get("removed", [])),
         stopped=plan.job.parse_line(stopped) if stopped else None,
         archived=outcome.fact("archived"),
         started=plan.job.parse_line(started) if started else None,
+        cleaned=sorted(outcome.facts.get("cleaned", [])),
+        survived=int(survived) if survived.isdigit() else None,
     )
 
 
@@ -213,15 +228,82 @@ def _run(
 ) -> Outcome:
     # stdin: the bundle (if any), then held open until the program exits: its end tells the
     # program that this command is gone (`watch_caller`).
-    result = plan.releases.place.run(
-        argv(plan, steps, owner, stale=stale, archive=archive, expect=expect),
-        stdin=HeldOpen(steps.bundle.data if steps.bundle is not None else b""),
-        check=False,
-        timeout=plan.job.stop_seconds() + 600.0,
-    )
+    place = plan.releases.place
+    watch = StepWatch(lambda step: step_bound(plan, step))
+    try:
+        result = place.run(
+            argv(plan, steps, owner, stale=stale, archive=archive, expect=expect),
+            stdin=HeldOpen(steps.bundle.data if steps.bundle is not None else b""),
+            check=False,
+            cap=ANSWER_CAP,
+            watch=watch,
+        )
+    except CommandTimedOut:
+        raise watch.overrun(steps.doing, place.description, place.timeout) from None
     outcome = Outcome.of(result)
     log.debug("%s steps %s, exit %s", steps.doing, outcome.steps, outcome.exit_code)
     return outcome
+
+
+# --- how long each step may take --------------------------------------------------------------
+
+
+def step_bound(plan: DeployPlan, step: str) -> float:
+    """Seconds step `step` of the program may take: the place's `timeout`; the stop also the
+    job's stop waits (`Job.stop_seconds`), the trainer's check at least its own bound."""
+    bound = plan.releases.place.timeout
+    if step == "stop":
+        return bound + plan.job.stop_seconds()
+    if step == "check" and plan.preflight is not None:
+        return max(bound, plan.preflight.check_seconds)
+    return bound
+
+
+# What a step waits for at the place, in the message of one that overran.
+_WAITS_FOR = {
+    START_UP: "the place to start the program (its login shell, `pct exec`)",
+    "tmux": "`tmux -V`",
+    "python": "the job's python (the version probe)",
+    "lock": "the deploy lock's folder",
+    "unpack": "the release to arrive and unpack",
+    "check": "the trainer's check of [train]",
+    "stop": "the job to stop, and tmux",
+    "start": "tmux to start the job",
+}
+
+
+class StepWatch:
+    """The program's step lines as they arrive (`transport.Watch`): the step now running, since
+    when, and how long it may still take (`bound(step)` seconds from its start)."""
+
+    def __init__(self, bound: Callable[[str], float]) -> None:
+        self._bound = bound
+        self._now: tuple[str, float] = (START_UP, time.monotonic())  # swapped whole
+        self._partial = b""
+
+    def seen(self, data: bytes) -> None:
+        *lines, rest = (self._partial + data).split(b"\n")
+        self._partial = rest[-4096:]  # a step line is short: a longer one is not one
+        for line in lines:
+            if line.startswith(b"step\t"):
+                self._now = (line[5:].decode("utf-8", "replace"), time.monotonic())
+
+    def left(self) -> float:
+        step, since = self._now
+        return since + self._bound(step) - time.monotonic()
+
+    def overrun(self, doing: str, where: str, timeout: float) -> CommandTimedOut:
+        """The error of the step that did not finish in time."""
+        step, _ = self._now
+        waits = _WAITS_FOR.get(step, f"step {step}")
+        return CommandTimedOut(
+            f"dflash {doing}: step {step} did not finish within {self._bound(step):g} s on "
+            f"{where} (it waits for {waits}); the command was ended there, and nothing after "
+            "that step ran.",
+            hint="Look at the place: is something there hung (tmux, python, the disk)? If it is "
+            f"only slow, raise timeout in the target's table of deploy.toml (now {timeout:g} s)"
+            + (", or [job] stop_timeout." if step == "stop" else "."),
+        )
 
 
 # --- the one table from a failed step to its typed error -------------------------------------
@@ -255,7 +337,19 @@ def _unpack_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashEr
 def _switch_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError | None:
     if steps.release is None:
         return None
+    if outcome.code == MOVED:
+        return _moved(plan, steps.release, outcome.fact("moved") or "?")
     return plan.releases.switch_failed(steps.release, outcome.stderr)
+
+
+def _moved(plan: DeployPlan, release: str, now: str) -> ReleaseError:
+    """Rollback lost a race: another command switched `current` after it chose its target."""
+    return ReleaseError(
+        f"Did not roll back to {release}: {plan.releases.current_path} was switched to {now} "
+        "by another command after rollback chose its target; nothing was changed.",
+        hint="Run dflash rollback again: it chooses from where current is now (dflash "
+        "releases lists them).",
+    )
 
 
 def _no_current(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError:
@@ -315,7 +409,7 @@ def prune_runs(checkpoints: Checkpoints, *, keep: int) -> PruneReport:
         if result.exit_code == 0:
             deleted.append(stamp)
         elif result.exit_code == REFUSED:
-            refused.append(result.stderr_text.strip().splitlines()[-1])
+            refused.append(last_line(result.stderr_text))
         else:
             raise RemoteCommandFailed(
                 place.description, result.argv, result.exit_code, result.stderr_text

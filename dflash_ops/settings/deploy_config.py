@@ -18,6 +18,7 @@ defaults. Selection: `--target NAME` or `--host`, else the target last deployed 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tomllib
@@ -27,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from dflash_ops.connect import shell, ssh_names
+from dflash_ops.connect.place import DEFAULT_TIMEOUT
 from dflash_ops.errors import ConfigError, UnsafeValue
 from dflash_ops.settings.job_config import JobConfig, job_config
-from dflash_ops.settings.toml_keys import INT, STR, TABLE, Schema, check_keys, type_error
+from dflash_ops.settings.toml_keys import INT, NUM, STR, TABLE, Schema, check_keys, type_error
 
 CONFIG_ENV = "DFLASH_CONFIG"
 DEFAULT_CONFIG_NAME = "deploy.toml"
@@ -50,6 +52,7 @@ _TARGET_KEYS: Schema = {
     "root": STR,
     "checkpoints": STR,
     "python": STR,
+    "timeout": NUM,
 }
 _TOP_KEYS: Schema = {
     "target": TABLE,
@@ -96,6 +99,7 @@ class Target:
     root: str
     checkpoints: str
     python: str
+    timeout: float = DEFAULT_TIMEOUT  # seconds one command (one step) may take at the place
 
     @property
     def remote(self) -> bool:
@@ -311,6 +315,13 @@ def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> T
         ssh_names.check_user(user, where=f"{where}: user")
     if not python:
         raise ConfigError(f"{where}: python is empty.", hint='Set python = "python3".')
+    timeout = fields.get("timeout", DEFAULT_TIMEOUT)
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ConfigError(
+            f"{where}: timeout = {timeout} is not a number of seconds above 0.",
+            hint=f"Set timeout = {DEFAULT_TIMEOUT:g} (how long one command may take there), "
+            "or more for a slow place.",
+        )
     return Target(
         name=name,
         place=place,
@@ -321,6 +332,7 @@ def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> T
         root=root,
         checkpoints=checkpoints,
         python=python,
+        timeout=float(timeout),
     )
 
 

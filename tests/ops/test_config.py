@@ -74,6 +74,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert target.root == str(tmp_path / ".dflash" / "local")
     assert target.checkpoints == str(tmp_path / ".dflash" / "local" / "checkpoints")
     assert target.python == sys.executable
+    assert target.timeout == 120.0  # each command at the place, each step of the site program
 
 
 @pytest.mark.parametrize(
@@ -96,6 +97,8 @@ def test_defaults(tmp_path: Path) -> None:
         ("[job]\nlog = '../x'\n", "'job.log'"),
         ("[job]\nenv = { 'A B' = '1' }\n", "'job.env.A B'"),
         ("[job]\nstop_timeout = 0\n", "'job.stop_timeout'"),
+        ("[target]\ntimeout = '60'\n", "'target.timeout'"),
+        ("[targets.a]\ntimeout = true\n", "'targets.a.timeout'"),
     ],
 )
 def test_errors_name_key_and_file(tmp_path: Path, text: str, words: str) -> None:
@@ -207,6 +210,10 @@ def test_state_round_trip(tmp_path: Path) -> None:
         ('place = "ssh"\nhost = "h"\ncheckpoints = "/"', "checkpoints"),
         ('place = "ssh"\nhost = "-oProxyCommand=x"', "host"),
         ('place = "ssh"\nhost = "h"\nport = 70000', "port"),
+        ("timeout = 0", "timeout = 0 is not a number of seconds above 0"),
+        ("timeout = -1.5", "timeout = -1.5 is not"),
+        ("timeout = inf", "timeout = inf is not"),
+        ("timeout = nan", "timeout = nan is not"),
     ],
 )
 def test_target_combinations(tmp_path: Path, fields: str, words: str) -> None:
