@@ -361,7 +361,7 @@ def _start_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashErr
 
 
 def _stop_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError | None:
-    return plan.job.tmux_missing() if outcome.code == 127 else None
+    return plan.job.stop_failed(outcome.code, outcome.stderr)
 
 
 _ERRORS: dict[str, Failure] = {

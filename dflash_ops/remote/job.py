@@ -67,6 +67,7 @@ _SIZE_AND_TAIL = (
 )
 
 _MISSING = ("can't find session", "no server running", "error connecting", "can't find window")
+_NOT_CLOSED = "tmux did not close the job session"  # site.sh's `job_end`, after five kills
 TMUX_CAP = 64 * 1024  # bytes of a tmux answer kept (a pane's state line is under 100)
 
 
@@ -269,6 +270,20 @@ class Job:
 
     def tmux_missing(self) -> DflashError:
         return _tmux_missing(self.place.description)
+
+    def stop_failed(self, exit_code: int, stderr: str) -> DflashError | None:
+        """What site.sh's `job_stop` exit says: tmux missing, or a session tmux did not close
+        after the job stopped (None: the caller quotes the error)."""
+        if exit_code == 127:
+            return self.tmux_missing()
+        if _NOT_CLOSED not in stderr:
+            return None
+        return DflashError(
+            f"The job on {self.place.description} was stopped, but tmux did not close its "
+            f"session {self.session!r}; nothing was archived or started.",
+            hint=f"Look at it: tmux -L {self.socket} ls; end it by hand (tmux -L {self.socket} "
+            f"kill-session -t {self.session}), then run the command again.",
+        )
 
     def _stop_waits(self, timeout: float | None, save: bool = True) -> tuple[float, float, float]:
         """Seconds to wait after SIGINT (`stop_timeout`; none without `save`), SIGTERM (at most

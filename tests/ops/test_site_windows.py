@@ -66,8 +66,9 @@ def test_a_kill_that_never_takes_fails_the_stop_before_the_archive(
 ) -> None:
     checkpoint = running_with_a_checkpoint(site, tmp_path)
     (quirky / "tmux.drops").write_text("99")
-    with pytest.raises(DflashError, match="tmux did not close the job session dflash"):
+    with pytest.raises(DflashError, match="was stopped, but tmux did not close its session") as e:
         site.with_(launch=["sleep", "601"]).restart(archive=True)
+    assert "nothing was archived or started" in str(e.value) and "kill-session" in e.value.hint
     assert checkpoint.is_dir()  # nothing was archived
     (quirky / "tmux.drops").write_text("0")
     site.stop()
