@@ -47,8 +47,9 @@ if str(REPO) not in sys.path:
 
 from dflash_ops.commands import operations  # noqa: E402
 from dflash_ops.commands.workspace import Workspace, open_place  # noqa: E402
+from dflash_ops.connect.place import what_runs  # noqa: E402
 from dflash_ops.connect.stdin import Stdin  # noqa: E402
-from dflash_ops.connect.transport import Progress, Result, StreamResult  # noqa: E402
+from dflash_ops.connect.transport import STDOUT_CAP, Result, StreamResult, Watch  # noqa: E402
 from dflash_ops.settings.deploy_config import TargetFlags  # noqa: E402
 from tests.cli_helpers import Where, kill_tmux_server  # noqa: E402
 from tests.fixtures.proxmox import Proxmox  # noqa: E402
@@ -65,6 +66,7 @@ class CountingPlace:
         self.inner = inner
         self.description = inner.description
         self.transport = inner.transport
+        self.timeout = inner.timeout
         self.trips: list[tuple[str, float]] = []
 
     def run(
@@ -74,18 +76,19 @@ class CountingPlace:
         stdin: Stdin = None,
         timeout: float | None = None,
         check: bool = True,
-        progress: Progress | None = None,
+        cap: int = STDOUT_CAP,
+        watch: Watch | None = None,
     ) -> Result:
         start = time.perf_counter()
         try:
             return self.inner.run(
-                argv, stdin=stdin, timeout=timeout, check=check, progress=progress
+                argv, stdin=stdin, timeout=timeout, check=check, cap=cap, watch=watch
             )
         finally:
-            self.trips.append((_label(argv), time.perf_counter() - start))
+            self.trips.append((what_runs(argv), time.perf_counter() - start))
 
     def stream(self, argv: Sequence[str]) -> StreamResult:
-        self.trips.append((_label(argv), 0.0))
+        self.trips.append((what_runs(argv), 0.0))
         return self.inner.stream(argv)
 
     def ensure_ready(self) -> None:
@@ -95,14 +98,6 @@ class CountingPlace:
 
     def close(self) -> None:
         self.inner.close()
-
-
-def _label(argv: Sequence[str]) -> str:
-    if tuple(argv[:2]) == ("bash", "-c") and len(argv) > 3:
-        return argv[3]  # the script's $0: dflash-unpack, dflash-lock, …
-    if argv[0] == "tmux" and len(argv) > 3:
-        return f"tmux {argv[3]}"
-    return argv[0]
 
 
 def sshd_counts(server: SSHServer) -> tuple[int, int]:

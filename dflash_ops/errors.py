@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dflash_ops.untrusted import last_line
+
 
 class DflashError(Exception):
     """Base of all expected failures. `hint` says what the user should do next."""
@@ -69,9 +71,8 @@ class RemoteCommandFailed(DflashError):
         self.argv = tuple(argv)
         self.exit_code = exit_code
         self.stderr = stderr
-        detail = stderr.strip().splitlines()[-1] if stderr.strip() else "no error output"
         super().__init__(
-            f"{' '.join(self.argv[:3])}… failed on {place} (exit {exit_code}): {detail}",
+            f"{' '.join(self.argv[:3])}… failed on {place} (exit {exit_code}): {last_line(stderr)}",
             hint=hint,
         )
 

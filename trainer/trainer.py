@@ -100,6 +100,7 @@ class Trainer:
             force_resume,
             finished_ok=source is not None and source.collective,
         )
+        self._foreign = {path for path, _ in ckpt.foreign(self.out_dir)}  # named just now
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         if source is None:
@@ -173,6 +174,7 @@ class Trainer:
             resolved=self.resolved(),
         )
         self.emit(f"checkpoint {path.name}")
+        warn_foreign(self.out_dir, self.emit, self._foreign)
         self.rate.exclude(time.perf_counter() - began)
         return path
 
@@ -325,6 +327,7 @@ def find_checkpoint(
     settings differ, if its lr schedule differs without `run.extend`, or if the run is already
     finished) and the schedule changes to apply. `finished_ok`: a finished run is said and
     resumed at its end, so it trains no step (every rank of a split run then ends normally)."""
+    warn_foreign(out_dir, emit, set())
     for path in ckpt.remove_stale_temps(out_dir):
         emit(f"removed {path.name}: an interrupted checkpoint write")
     found = ckpt.find_resumable(out_dir)
@@ -342,6 +345,15 @@ def find_checkpoint(
             raise
         emit(str(exc))
         return found, []
+
+
+def warn_foreign(out_dir: Path, emit: Callable[[str], None], named: set[Path]) -> None:
+    """Name each entry of the run folder that looks like a checkpoint but is not the trainer's
+    (`ckpt.foreign`), once: it is left alone, and the operator should know why."""
+    for path, what in ckpt.foreign(out_dir):
+        if path not in named:
+            named.add(path)
+            emit(f"warning: left alone {path.name}: {what} the trainer did not make")
 
 
 def trim_metrics(out_dir: Path, step: int, emit: Callable[[str], None]) -> None:

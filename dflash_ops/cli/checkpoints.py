@@ -63,6 +63,8 @@ def checkpoints(
         say(f"  {escape(stamp)}  {size:>12,}  {len(entries)} entries")
     if not listing.archived:
         say("  (none)")
+    for message in listing.foreign:
+        output.warn(message)
 
 
 @group.command()

@@ -57,6 +57,11 @@ def stop(
         output.hint(output.NEVER_DEPLOYED_HINT)
     elif final is None:
         output.info(f"No job session {ws.config.job.session!r} on {place}: nothing to stop.")
+    elif final.exit_code is None:
+        output.success(
+            f"Job {final.session!r} on {place} was stopped and its session closed (tmux had not "
+            "recorded its exit status yet)."
+        )
     else:
         output.success(
             f"Job {final.session!r} on {place} has ended (exit {final.exit_code}); session closed."
@@ -95,6 +100,10 @@ def restart(
             say=output.warn,
             progress=output.info,
             wait=not no_wait,
+        )
+    if report.cleaned:
+        output.info(
+            f"Removed unfinished releases of interrupted deploys: {', '.join(report.cleaned)}"
         )
     if report.archived:
         output.info(f"Archived the checkpoints into {report.archived}.")

@@ -17,13 +17,16 @@ def drain(
 ) -> int:
     """Copy the tool's stdout to ours until it ends; its exit code (the error printed first when
     it is not 0). `what` names the tool in the message of an interrupted run."""
+    show = output.RemoteBytes()
     try:
         for chunk in stream:
-            output.write_bytes(chunk)
+            show(chunk)
     except KeyboardInterrupt:
+        show.end()
         stream.close()
         output.info(f"Interrupted; the {what} was stopped.")
         raise typer.Exit(130) from None
+    show.end()
     code = stream.exit_code or 0
     if code != 0:
         output.error(failure(stream))

@@ -16,16 +16,16 @@ from typing import Any
 
 from dflash_ops.commands.workspace import Workspace
 from dflash_ops.connect import shell
-from dflash_ops.connect.place import Place
+from dflash_ops.connect.place import Place, timed_out
 from dflash_ops.connect.transport import Result
-from dflash_ops.errors import DflashError
+from dflash_ops.errors import CommandTimedOut, DflashError
 from dflash_ops.remote.requirements import REQUIREMENTS, required_modules
 from dflash_ops.settings.deploy_config import Target
 from dflash_ops.settings.job_config import JobConfig
+from dflash_ops.untrusted import clip, last_line
 
 MIN_TORCH = (2, 6)
 DEFAULT_MIN_FREE_GIB = 10.0
-PROBE_TIMEOUT = 120.0
 _PASSED, _FAILED, _SKIPPED = "passed", "failed", "skipped"
 
 
@@ -104,12 +104,15 @@ class Findings:
 def check_reachable(setup: Setup, place: Place, _: Findings) -> Check:
     """The host answers `true` over SSH: connection, host key known, authentication."""
     name = "ssh"
-    result = place.transport.run(["true"], timeout=PROBE_TIMEOUT)
+    try:
+        result = place.transport.run(["true"], timeout=place.timeout)
+    except CommandTimedOut:
+        raise timed_out(["true"], place.timeout, place.transport.description) from None
     if result.exit_code != 0:
         return failed(
             name,
             f"`true` exited {result.exit_code} on {place.transport.description}: "
-            f"{result.stderr_text.strip()[-200:]}",
+            f"{last_line(result.stderr_text)}",
             "Check the login shell of that user: ssh <host> true must succeed.",
         )
     return passed(name, f"{place.transport.description} reachable, host key known")
@@ -124,14 +127,14 @@ def check_container(setup: Setup, place: Place, _: Findings) -> Check:
 
 def check_tmux(setup: Setup, place: Place, _: Findings) -> Check:
     """`tmux -V`: the job runs in a tmux session, so tmux must be on the place's PATH."""
-    result = place.run(["tmux", "-V"], check=False, timeout=PROBE_TIMEOUT)
+    result = place.run(["tmux", "-V"], check=False)
     return judge_tmux(setup, place.description, result)
 
 
 def judge_tmux(setup: Setup, where: str, result: Result) -> Check:
     """The tmux check's verdict on the result of `tmux -V` at `where` (also run by deploy)."""
     if result.exit_code == 0:
-        return passed("tmux", result.stdout_text.strip())
+        return passed("tmux", clip(result.stdout_text.strip()))
     inside = " inside the container" if setup.target.place == "proxmox" else ""
     return failed(
         "tmux",
@@ -195,7 +198,7 @@ def python_probe_argv(setup: Setup, probe: str = VERSION_PROBE) -> list[str]:
 
 def check_python(setup: Setup, place: Place, found: Findings, *, probe: str = _PROBE) -> Check:
     """The configured `python` starts and answers the probe (version, torch, CUDA)."""
-    result = place.run(python_probe_argv(setup, probe), check=False, timeout=PROBE_TIMEOUT)
+    result = place.run(python_probe_argv(setup, probe), check=False)
     return judge_python(setup, place.description, result, found)
 
 
@@ -228,7 +231,8 @@ def judge_python(setup: Setup, where: str, result: Result, found: Findings) -> C
         )
     if not found.python or not isinstance(found.python, dict):
         found.python = {}
-        return failed("python", f"{python} printed no probe answer: {result.stdout_text!r}", fix)
+        said = clip(result.stdout_text.strip()) or "nothing"
+        return failed("python", f"{python} printed no probe answer: {said}", fix)
     return passed("python", f"{python}: Python {version} ({found.python.get('executable')})")
 
 
@@ -334,9 +338,7 @@ _CHECKPOINTS = (
 def check_checkpoints(setup: Setup, place: Place, _: Findings) -> Check:
     """The checkpoints folder exists (or can be made), takes a file, and has room."""
     folder = setup.target.checkpoints
-    result = place.run(
-        ["bash", "-c", _CHECKPOINTS, "dflash-doctor", folder], check=False, timeout=PROBE_TIMEOUT
-    )
+    result = place.run(["bash", "-c", _CHECKPOINTS, "dflash-doctor", folder], check=False)
     why = last_line(result.stderr_text)
     key = "checkpoints in the target's table of deploy.toml"
     if result.exit_code in (3, 4):
@@ -407,9 +409,7 @@ def check_model(setup: Setup, place: Place, _: Findings) -> Check:
         f"Copy the model (a save_pretrained folder with config.json and weights) to {folder} at "
         "the place, or set [train.model] target in deploy.toml to where it is."
     )
-    result = place.run(
-        ["bash", "-c", _MODEL, "dflash-doctor", folder], check=False, timeout=PROBE_TIMEOUT
-    )
+    result = place.run(["bash", "-c", _MODEL, "dflash-doctor", folder], check=False)
     if result.exit_code != 0:
         return failed(name, f"target model folder: {last_line(result.stderr_text)}", fix)
     listing, _nul, text = result.stdout.partition(b"\0")
@@ -477,8 +477,3 @@ def language_config(config: dict[str, Any]) -> dict[str, Any]:
     """The language model's shape: multimodal configs keep it under `text_config`."""
     text = config.get("text_config")
     return text if "hidden_size" not in config and isinstance(text, dict) else config
-
-
-def last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "no error output"

@@ -44,7 +44,13 @@ from dflash_ops.commands.checks import (
     python_probe_argv,
 )
 from dflash_ops.commands.smoke_check import check_smoke, smoke_check
-from dflash_ops.commands.train_check import applies, check_argv, check_train_config, invalid
+from dflash_ops.commands.train_check import (
+    CHECK_TIMEOUT,
+    applies,
+    check_argv,
+    check_train_config,
+    invalid,
+)
 from dflash_ops.connect.place import Place
 from dflash_ops.connect.transport import Result
 from dflash_ops.errors import DflashError
@@ -149,6 +155,7 @@ def deploy_preflight(setup: Setup, where: str) -> Preflight:
         check=check_argv(setup) if applies(setup) else [],
         failed=failed,
         invalid=lambda code, lines: invalid(where, code, lines),
+        check_seconds=CHECK_TIMEOUT,
     )
 
 

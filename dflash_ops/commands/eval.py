@@ -17,6 +17,7 @@ from dflash_ops.connect import shell
 from dflash_ops.connect.transport import StreamResult
 from dflash_ops.errors import EvaluationError
 from dflash_ops.remote.launch import TRAIN_CONFIG, in_release
+from dflash_ops.untrusted import last_line
 
 # A bare checkpoint name (`step-00000300`, or a run folder's name) resolves inside the
 # checkpoints folder; anything with a slash must be an absolute path at the place.
@@ -111,8 +112,7 @@ def start(ws: Workspace, request: EvalRequest) -> StreamResult:
 
 def failure(ws: Workspace, stream: StreamResult) -> EvaluationError:
     """The error of a finished evaluator run that exited non-zero: its last stderr line."""
-    text = stream.stderr.decode("utf-8", "replace").strip()
-    detail = text.splitlines()[-1] if text else "no error output"
+    detail = last_line(stream.stderr.decode("utf-8", "backslashreplace"))
     return EvaluationError(
         f"The evaluator failed on {ws.target.describe()} (exit {stream.exit_code}): {detail}",
         hint="Fix what it names, then run again (python -m trainer.evaluate --help at the place).",

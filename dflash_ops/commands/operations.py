@@ -23,7 +23,7 @@ import datetime as dt
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_ops.commands import doctor, environment, gpus
@@ -42,6 +42,8 @@ FORCE_RESUME_ENV = "DFLASH_FORCE_RESUME"  # read by trainer.train
 # The trainer's readiness line, as it logs it (`trainer.stopping.started_line`): the job is past
 # start-up (tests/system/test_startup.py deploys the real trainer and waits for it).
 STARTED = "started training at step"
+STATUS_LOG_CAP = 64 * 1024  # bytes of the log's end `status` reads for its last lines
+METRICS_CAP = 1024 * 1024  # bytes of the last metrics row read (a row is well under)
 
 
 def _quiet(_: str) -> None:
@@ -67,6 +69,7 @@ class RestartReport:
     started: JobState
     startup: StartUp | None = None
     interrupted: bool = False
+    cleaned: list[str] = field(default_factory=list)  # `<id>.tmp` left by killed deploys
 
 
 def start_wait(ws: Workspace, *, wait: bool, tool: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -213,6 +216,7 @@ def restart(
     steps = client.Steps(doing="restart", archive=clean, **start_wait(ws, wait=wait))
     done = client.run(remote_plan(ws, warn=say), steps, force=force, notice=say, progress=progress)
     assert done.release is not None and done.started is not None
+    _say_survived(done, say)
     startup = started(ws, done, release=done.release, redo="dflash restart")
     return RestartReport(
         release=done.release,
@@ -221,6 +225,7 @@ def restart(
         started=done.started,
         startup=startup,
         interrupted=done.interrupted,
+        cleaned=done.cleaned,
     )
 
 
@@ -245,6 +250,7 @@ def rollback(
         remote, steps, force=force, expect=current or "", notice=say, progress=progress
     )
     assert done.started is not None
+    _say_survived(done, say)
     startup = started(ws, done, release=target, redo="dflash restart")
     return RestartReport(
         release=target,
@@ -253,6 +259,7 @@ def rollback(
         started=done.started,
         startup=startup,
         interrupted=done.interrupted,
+        cleaned=done.cleaned,
     )
 
 
@@ -267,16 +274,26 @@ def stop(
     """SIGINT → SIGTERM → SIGKILL, end the session: one command at the place, under the lock.
     `save=False`: SIGTERM right after SIGINT, so the trainer ends without its stop checkpoint."""
     steps = client.Steps(doing="stop", save=save)
-    return client.run(
-        remote_plan(ws, warn=say), steps, force=force, notice=say, progress=progress
-    ).stopped
+    done = client.run(remote_plan(ws, warn=say), steps, force=force, notice=say, progress=progress)
+    _say_survived(done, say)
+    return done.stopped
+
+
+def _say_survived(done: client.Done, say: Say) -> None:
+    """A stopped job whose process group outlived SIGKILL (a process stuck in the kernel)."""
+    if done.survived is not None:
+        say(
+            f"Processes of the stopped job (process group {done.survived}) are still alive "
+            "after SIGKILL: they are stuck in the kernel (a hung disk or GPU driver?); check "
+            f"them at the place: ps -o pid,stat,wchan,cmd -g {done.survived}"
+        )
 
 
 def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:
     """Everything `dflash status` shows, as one JSON-ready object."""
     job = ws.job()
     current = job.state()
-    body, size = job.tail(lines)
+    log = job.tail(lines, cap=STATUS_LOG_CAP)
     started = (
         dt.datetime.fromtimestamp(current.started_at, dt.UTC).isoformat(timespec="seconds")
         if current.started_at is not None
@@ -296,8 +313,9 @@ def status(ws: Workspace, *, lines: int = 10) -> dict[str, Any]:
         "release": ws.releases().current(),
         "job_release": job_release(ws, current),
         "log": ws.log_path,
-        "log_bytes": max(size, 0),
-        "last_lines": body.decode("utf-8", "replace").splitlines(),
+        "log_bytes": max(log.size, 0),
+        "last_lines": log.body.decode("utf-8", "backslashreplace").splitlines(),
+        "log_cut": log.cut,
         "metrics": metrics,
         "split": gpus.split_summary(metrics),
         **gpu_status(ws, metrics),
@@ -334,11 +352,17 @@ def gpu_status(ws: Workspace, metrics: dict[str, Any] | None) -> dict[str, Any]:
     return {"gpus": gpus.table(readings, metrics, env=env, host=host), "gpu_note": None}
 
 
+# The last line of file $1, at most its last $2 bytes (`tail -n 1` alone of a file that ends in a
+# huge line would send all of it).
+_LAST_ROW = 'tail -n 2 -- "$1" | tail -c "$2"'  # the last two lines: the last may be torn
+
+
 def last_metrics(ws: Workspace) -> dict[str, Any] | None:
     """The last whole row of `<checkpoints>/metrics.jsonl` (step, loss, tokens_per_s, time, …):
     a torn last line (a write cut short by a kill or a full disk) is passed over, as the
-    trainer cuts it when it resumes (`trainer.metrics`)."""
-    result = ws.place.run(["tail", "-n", "2", "--", ws.metrics_path], check=False)
+    trainer cuts it when it resumes (`trainer.metrics`); what is read is bounded."""
+    argv = ["bash", "-c", _LAST_ROW, "dflash-metrics", ws.metrics_path, str(METRICS_CAP)]
+    result = ws.place.run(argv, check=False, cap=METRICS_CAP)
     if result.exit_code != 0:
         return None
     for line in reversed(result.stdout.splitlines()):

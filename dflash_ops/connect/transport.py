@@ -1,13 +1,18 @@
 """Run an argv somewhere and collect its exit code and output: a local subprocess or SSH.
 
 Both transports give the same contract:
-- `run(argv, stdin=…, timeout=…, progress=…) -> Result`: stdin (`stdin.Stdin`) is copied in
-  chunks while stdout and stderr are read concurrently (a command that writes more than a pipe
-  or channel window holds never blocks against us); `progress` sees stdout as it comes.
+- `run(argv, stdin=…, timeout=…, cap=…, watch=…) -> Result`: stdin (`stdin.Stdin`) is copied
+  in chunks while stdout and stderr are read concurrently (a command that writes more than a
+  pipe or channel window holds never blocks against us); `watch` sees stdout as it comes.
 - `stream(argv) -> StreamResult`: an iterator of stdout chunks as they arrive. When it is
   exhausted, `exit_code` and `stderr` are set on it; `close()` abandons the command early.
 - A program that does not exist exits 127 and one killed by a signal exits 128+signal (local)
   or -1 (SSH: the server reports a signal, not a status), as a shell would report.
+- What is kept of the output is bounded (`bounded.py`): stdout's first `cap` bytes, stderr's
+  last `STDERR_CAP`, the rest counted in `Result.stdout_more`/`stderr_more`: a place that
+  prints without end costs time, never memory. `timeout` bounds the command, a `Watch` moves
+  its bound as its stdout arrives; time up: the command is ended (locally its process group
+  killed; over SSH its channel closed), its stdin closed, `CommandTimedOut` raised.
 
 `SSHTransport` holds ONE paramiko connection, opened on first use and shared by every command
 (each command is a channel on it). `connections_opened` counts real connections. If the
@@ -31,8 +36,21 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol, runtime_checkable
 
 from dflash_ops.connect import shell
-from dflash_ops.connect.stdin import CHUNK, HeldOpen, Stdin, chunks_of, let_go
+from dflash_ops.connect.bounded import (
+    CHUNK,
+    STDERR_CAP,
+    STDOUT_CAP,
+    Clock,
+    Collector,
+    TimeUp,
+    Watch,
+    collectors,
+    exited,
+    joined,
+)
+from dflash_ops.connect.stdin import HeldOpen, Stdin, chunks_of, let_go
 from dflash_ops.errors import CommandTimedOut, ConnectionFailed
+from dflash_ops.untrusted import more
 
 if TYPE_CHECKING:  # paramiko (~0.1-0.3 s to import) loads only when an SSH command runs
     import paramiko
@@ -40,17 +58,18 @@ if TYPE_CHECKING:  # paramiko (~0.1-0.3 s to import) loads only when an SSH comm
     from dflash_ops.connect.ssh_config import SSHTarget
     from dflash_ops.connect.ssh_connect import Connection
 
-Progress = Callable[[bytes], None]
-
 
 @dataclass(frozen=True)
 class Result:
-    """What a finished command left behind."""
+    """What a finished command left behind (`stdout_more`/`stderr_more`: bytes read beyond what
+    was kept, after the kept stdout and before the kept stderr)."""
 
     argv: tuple[str, ...]
     exit_code: int
     stdout: bytes
     stderr: bytes
+    stdout_more: int = 0
+    stderr_more: int = 0
 
     @property
     def ok(self) -> bool:
@@ -58,11 +77,13 @@ class Result:
 
     @property
     def stdout_text(self) -> str:
-        return self.stdout.decode("utf-8", errors="replace")
+        return self.stdout.decode("utf-8", errors="backslashreplace")
 
     @property
     def stderr_text(self) -> str:
-        return self.stderr.decode("utf-8", errors="replace")
+        """stderr as text, after a first line saying how much came before it, if anything."""
+        text = self.stderr.decode("utf-8", errors="backslashreplace")
+        return f"{more(self.stderr_more)} before this:\n{text}" if self.stderr_more else text
 
 
 @runtime_checkable
@@ -76,7 +97,8 @@ class Transport(Protocol):
         *,
         stdin: Stdin = None,
         timeout: float | None = None,
-        progress: Progress | None = None,
+        cap: int = STDOUT_CAP,
+        watch: Watch | None = None,
     ) -> Result: ...
 
     def stream(self, argv: Sequence[str]) -> StreamResult: ...
@@ -147,36 +169,8 @@ def _pipe(stream: IO[bytes] | None) -> io.BufferedReader:
     return stream
 
 
-class _Collector(threading.Thread):
-    """Reads a stream to its end in the background (so two pipes never block each other)."""
-
-    def __init__(self, read: Callable[[int], bytes], progress: Progress | None = None) -> None:
-        super().__init__(daemon=True)
-        self._read = read
-        self._progress = progress
-        self.parts: list[bytes] = []
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            while chunk := self._read(CHUNK):
-                self.parts.append(chunk)
-                if self._progress is not None:
-                    self._progress(chunk)
-        except BaseException as exc:  # reported by whoever joins us
-            self.error = exc
-
-    @property
-    def data(self) -> bytes:
-        return b"".join(self.parts)
-
-
-def _deadline(timeout: float | None) -> float | None:
-    return None if timeout is None else time.monotonic() + timeout
-
-
-def _remaining(deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
+def _result(args: tuple[str, ...], code: int, out: Collector, err: Collector) -> Result:
+    return Result(args, code, out.data, err.data, stdout_more=out.more, stderr_more=err.more)
 
 
 def _argv(argv: Sequence[str]) -> tuple[str, ...]:
@@ -217,37 +211,36 @@ class LocalTransport:
         *,
         stdin: Stdin = None,
         timeout: float | None = None,
-        progress: Progress | None = None,
+        cap: int = STDOUT_CAP,
+        watch: Watch | None = None,
     ) -> Result:
         args = _argv(argv)
         proc = self._spawn(args, subprocess.PIPE)
         if proc is None:
             return Result(args, 127, b"", f"{args[0]}: command not found\n".encode())
         assert proc.stdin
-        out = _Collector(_pipe(proc.stdout).read1, progress)
-        err = _Collector(_pipe(proc.stderr).read1)
-        out.start()
-        err.start()
+        out, err = collectors(_pipe(proc.stdout).read1, _pipe(proc.stderr).read1, cap, watch)
         writer = threading.Thread(target=self._feed, args=(proc, stdin), daemon=True)
         writer.start()
-        deadline = _deadline(timeout)
+        clock = Clock(timeout, watch)
         try:
-            proc.wait(timeout=_remaining(deadline))
+            clock.until(lambda seconds: exited(proc, seconds))
             let_go(stdin)  # the writer closes the command's stdin
             # Output ends when the last holder of the pipes exits, which may be a background
-            # child of the command: that is bounded by the same deadline.
+            # child of the command: that is bounded by the same clock.
             for thread in (writer, out, err):
-                thread.join(_remaining(deadline))
-                if thread.is_alive():
-                    raise subprocess.TimeoutExpired(args, timeout or 0.0)
-        except subprocess.TimeoutExpired:
+                clock.until(joined(thread))
+        except TimeUp:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            let_go(stdin)
+            with contextlib.suppress(OSError, ValueError):
+                proc.stdin.close()  # what it left running sees its caller gone (`HeldOpen`)
             proc.wait()
-            raise CommandTimedOut(f"{args[0]} did not finish within {timeout} s locally") from None
+            raise CommandTimedOut(f"{args[0]} did not finish in time locally") from None
         finally:
             let_go(stdin)
-        return Result(args, self._status(proc.returncode), out.data, err.data)
+        return _result(args, self._status(proc.returncode), out, err)
 
     @staticmethod
     def _feed(proc: subprocess.Popen[bytes], stdin: Stdin) -> None:
@@ -269,7 +262,7 @@ class LocalTransport:
             missing = f"{args[0]}: command not found\n".encode()
             return StreamResult(args, iter(()), lambda: (127, missing), lambda: None)
         stdout = _pipe(proc.stdout)
-        err = _Collector(_pipe(proc.stderr).read1)
+        err = Collector(_pipe(proc.stderr).read1, cap=STDERR_CAP, tail=True)
         err.start()
 
         def chunks() -> Iterator[bytes]:
@@ -406,32 +399,33 @@ class SSHTransport:
         *,
         stdin: Stdin = None,
         timeout: float | None = None,
-        progress: Progress | None = None,
+        cap: int = STDOUT_CAP,
+        watch: Watch | None = None,
     ) -> Result:
         args = _argv(argv)
-        deadline = _deadline(timeout)
+        clock = Clock(timeout, watch)
         channel = self._open(args)
-        out, err = _Collector(channel.recv, progress), _Collector(channel.recv_stderr)
-        out.start()
-        err.start()
+        out, err = collectors(channel.recv, channel.recv_stderr, cap, watch)
         writer = threading.Thread(target=self._feed, args=(channel, stdin), daemon=True)
         writer.start()
         try:
             for thread in (out, err, writer):  # a held stdin ends once the output has
                 if thread is writer:
                     let_go(stdin)
-                thread.join(_remaining(deadline))
-                if thread.is_alive():
-                    raise CommandTimedOut(
-                        f"{args[0]} did not finish within {timeout} s on {self.description}"
-                    )
+                clock.until(joined(thread))
             code = self._exit_status(channel, args)
+        except TimeUp:
+            # Closing the channel closes the command's stdin at the server: what watches it
+            # (`HeldOpen`) ends there.
+            raise CommandTimedOut(
+                f"{args[0]} did not finish in time on {self.description}"
+            ) from None
         finally:
             let_go(stdin)
             channel.close()
         if out.error or err.error:
             raise self._lost(args, out.error or err.error)
-        return Result(args, code, out.data, err.data)
+        return _result(args, code, out, err)
 
     @staticmethod
     def _feed(channel: paramiko.Channel, stdin: Stdin) -> None:
@@ -452,7 +446,7 @@ class SSHTransport:
         args = _argv(argv)
         channel = self._open(args)
         channel.shutdown_write()
-        err = _Collector(channel.recv_stderr)
+        err = Collector(channel.recv_stderr, cap=STDERR_CAP, tail=True)
         err.start()
 
         def chunks() -> Iterator[bytes]:

@@ -14,6 +14,11 @@ last, and a connection dropped on the way is said with the step the program had 
 judged here (`DeployLock.judge`: wait, take over a stale record, or `--force`) and the command
 runs once more. A command killed on its way (no `failed` line) makes the client look at the
 place again, so a container stopped under it is reported as such.
+
+Each step has a bound (`step_bound`: the place's `timeout`; the trainer's check and the stop
+get what they need on top), judged here as the step lines arrive (`StepWatch`): a step that
+overruns ends the command (the program's watcher then ends everything it started at the place)
+and raises `CommandTimedOut` naming the step.
 """
 
 from __future__ import annotations
@@ -27,20 +32,30 @@ from typing import Literal
 
 from dflash_ops.connect.stdin import HeldOpen
 from dflash_ops.connect.transport import Result
-from dflash_ops.errors import ConnectionDropped, DflashError, Interrupted, RemoteCommandFailed
+from dflash_ops.errors import (
+    CommandTimedOut,
+    ConnectionDropped,
+    DflashError,
+    Interrupted,
+    ReleaseError,
+    RemoteCommandFailed,
+)
 from dflash_ops.remote import interrupt
 from dflash_ops.remote.checkpoints import Checkpoints, PruneReport
 from dflash_ops.remote.job import Job, JobState, StartUp
 from dflash_ops.remote.lock import DeployLock, Owner
-from dflash_ops.remote.progress import Progress, Say
+from dflash_ops.remote.progress import START_UP, Progress, Say, StepWatch
 from dflash_ops.remote.release import KEEP, Bundle, Releases, checked_id
+from dflash_ops.untrusted import last_line
 
 log = logging.getLogger(__name__)
 
 SITE = (Path(__file__).parent / "site.sh").read_text()
 Command = Literal["deploy", "restart", "rollback", "stop"]  # site.sh's changing commands
 HELD = 3  # site.sh: the lock is held by someone else
+MOVED = 4  # site.sh: rollback found `current` moved since it chose its target
 PREFLIGHT = 10  # site.sh: tmux or python failed the preflight
+ANSWER_CAP = 1024 * 1024  # bytes of the program's answer kept (its step lines are short)
 
 
 def site_argv(
@@ -84,7 +99,7 @@ class Outcome:
 
     @property
     def step(self) -> str:
-        return self.steps[-1] if self.steps else "start-up"
+        return self.steps[-1] if self.steps else START_UP
 
     @property
     def code(self) -> int:
@@ -122,6 +137,8 @@ class Done:
     logged: int = 0  # the log's size before the start: the new job's output begins there
     startup: StartUp | None = None  # how its start-up went (None: not waited for)
     interrupted: bool = False  # an interrupt came after the stop began: the command went on
+    cleaned: list[str] = field(default_factory=list)  # unfinished `<id>.tmp` releases removed
+    survived: int | None = None  # the stopped job's process group, alive after SIGKILL
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,6 +151,7 @@ class Preflight:
     check: Sequence[str]
     failed: Callable[[str, Result], DflashError]  # "tmux" or "python", and what it answered
     invalid: Callable[[int, Sequence[str]], DflashError]  # the check's status and its lines
+    check_seconds: float = 0.0  # the check's own bound (the place's timeout when larger)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,6 +240,7 @@ def run(
     if outcome.exit_code != 0 or outcome.step != "done":
         raise error(plan, steps, outcome)
     stopped, started = outcome.fact("stopped"), outcome.fact("started")
+    survived = outcome.fact("survived") or ""
     return Done(
         release=steps.release or outcome.fact("current"),
         removed=sorted(outcome.facts.get("removed", [])),
@@ -231,6 +250,8 @@ def run(
         logged=int(outcome.fact("logged") or 0),
         startup=_startup(plan.job, outcome),
         interrupted=caught.asked,
+        cleaned=sorted(outcome.facts.get("cleaned", [])),
+        survived=int(survived) if survived.isdigit() else None,
     )
 
 
@@ -298,7 +319,7 @@ def _startup(job: Job, outcome: Outcome) -> StartUp | None:
     """What the `ready` step said: the job's readiness, or its end and last log lines."""
     ended = outcome.fact("ended")
     if ended is not None:
-        lines = tuple(printable(line) for line in outcome.facts.get("tail", []))
+        lines = tuple(outcome.facts.get("tail", []))  # shown rendered (`cli/output.py`)
         state = job.parse_line(ended) if ended else None
         return StartUp(outcome="ended", state=state, lines=lines)
     said = outcome.fact("startup")
@@ -306,12 +327,6 @@ def _startup(job: Job, outcome: Outcome) -> StartUp | None:
         if said == known:
             return StartUp(outcome=known)
     return None
-
-
-def printable(line: str) -> str:
-    """A line of the job's log as it may be shown: control characters (a terminal's escape
-    sequences) become U+FFFD."""
-    return "".join(c if c.isprintable() or c == "\t" else "\ufffd" for c in line)
 
 
 def _run(
@@ -328,20 +343,40 @@ def _run(
     # stdin: the bundle (if any), then held open until the program exits: its end tells the
     # program that this command is gone or let go of it (`watch_caller`, `hold_on`).
     place = plan.releases.place
-    watch = Progress(steps.doing, progress)
+    said = Progress(steps.doing, progress)
+    watch = StepWatch(lambda step: step_bound(plan, steps, step), said)
     try:
         result = place.run(
             argv(plan, steps, owner, stale=stale, archive=archive, expect=expect),
             stdin=held,
             check=False,
-            timeout=plan.job.stop_seconds() + 600.0,
-            progress=watch.feed,
+            cap=ANSWER_CAP,
+            watch=watch,
         )
+    except CommandTimedOut:
+        raise watch.overrun(steps.doing, place.description, place.timeout) from None
     except ConnectionDropped as exc:
-        raise watch.dropped(place.description, exc) from None
+        raise said.dropped(place.description, exc) from None
     outcome = Outcome.of(result)
     log.debug("%s steps %s, exit %s", steps.doing, outcome.steps, outcome.exit_code)
     return outcome
+
+
+# --- how long each step may take --------------------------------------------------------------
+
+
+def step_bound(plan: DeployPlan, steps: Steps, step: str) -> float:
+    """Seconds step `step` of the program may take: the place's `timeout`; the stop also the
+    job's stop waits (`Job.stop_seconds`), the trainer's check at least its own bound, the wait
+    for the job's start-up its own length on top."""
+    bound = plan.releases.place.timeout
+    if step == "stop":
+        return bound + plan.job.stop_seconds()
+    if step == "check" and plan.preflight is not None:
+        return max(bound, plan.preflight.check_seconds)
+    if step == "ready":
+        return bound + steps.wait
+    return bound
 
 
 # --- the one table from a failed step to its typed error -------------------------------------
@@ -375,7 +410,19 @@ def _unpack_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashEr
 def _switch_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError | None:
     if steps.release is None:
         return None
+    if outcome.code == MOVED:
+        return _moved(plan, steps.release, outcome.fact("moved") or "?")
     return plan.releases.switch_failed(steps.release, outcome.stderr)
+
+
+def _moved(plan: DeployPlan, release: str, now: str) -> ReleaseError:
+    """Rollback lost a race: another command switched `current` after it chose its target."""
+    return ReleaseError(
+        f"Did not roll back to {release}: {plan.releases.current_path} was switched to {now} "
+        "by another command after rollback chose its target; nothing was changed.",
+        hint="Run dflash rollback again: it chooses from where current is now (dflash "
+        "releases lists them).",
+    )
 
 
 def _no_current(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError:
@@ -387,7 +434,7 @@ def _start_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashErr
 
 
 def _stop_failed(plan: DeployPlan, steps: Steps, outcome: Outcome) -> DflashError | None:
-    return plan.job.tmux_missing() if outcome.code == 127 else None
+    return plan.job.stop_failed(outcome.code, outcome.stderr)
 
 
 _ERRORS: dict[str, Failure] = {
@@ -436,7 +483,7 @@ def prune_runs(checkpoints: Checkpoints, *, keep: int) -> PruneReport:
         if result.exit_code == 0:
             deleted.append(stamp)
         elif result.exit_code == REFUSED:
-            refused.append(result.stderr_text.strip().splitlines()[-1])
+            refused.append(last_line(result.stderr_text))
         else:
             raise RemoteCommandFailed(
                 place.description, result.argv, result.exit_code, result.stderr_text

@@ -1,4 +1,5 @@
-"""What a changing command's program at the place says while it runs, as the operator sees it.
+"""What a changing command's program at the place says while it runs, as the operator sees it,
+and how long each of its steps may take (`StepWatch`).
 
 `site.sh` announces each step (`step<TAB>NAME`) before running it, and prints `tick<TAB>SECONDS`
 every few seconds for as long as it runs. `Progress.feed` reads that stdout as it arrives
@@ -14,9 +15,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from dflash_ops.errors import ConnectionDropped
+from dflash_ops.errors import CommandTimedOut, ConnectionDropped
 
 Say = Callable[[str], None]
+START_UP = "start-up"  # before the program's first step line
 QUIET_FOR = 8.0  # a step shorter than this is not worth a "still …" line
 
 # What a step does: named in a "still …" line and when the link drops there.
@@ -30,6 +32,7 @@ DOING = {
     "switch": "switching `current` to the release",
     "prune": "removing old releases",
     "current": "reading `current`",
+    "clean": "removing unfinished releases",
     "stop": "stopping the job",
     "archive": "archiving the checkpoints",
     "start": "starting the job",
@@ -47,6 +50,7 @@ SAID = {
 # as soon as it sees its connection closed, having changed nothing else.
 LEFT = {
     "start-up": "nothing had changed there yet",
+    "clean": "nothing had changed there yet (unfinished releases may have been removed)",
     "tmux": "nothing had changed there yet",
     "python": "nothing had changed there yet",
     "lock": "nothing had changed there yet (the deploy lock may be held)",
@@ -72,10 +76,13 @@ class Progress:
 
     def __init__(self, doing: str, say: Say) -> None:
         self.doing = doing
-        self.step = "start-up"
+        self.now: tuple[str, float] = (START_UP, time.monotonic())  # step, since: swapped whole
         self._say = say
         self._pending = b""
-        self._since = time.monotonic()
+
+    @property
+    def step(self) -> str:
+        return self.now[0]
 
     def feed(self, chunk: bytes) -> None:
         self._pending += chunk
@@ -89,14 +96,15 @@ class Progress:
                 self._tick()
 
     def _begin(self, step: str) -> None:
-        self.step, self._since = step, time.monotonic()
+        self.now = (step, time.monotonic())
         if step in SAID:
             self._say(f"… {SAID[step]}")
 
     def _tick(self) -> None:
-        lasted = time.monotonic() - self._since
-        if lasted >= QUIET_FOR and self.step in DOING:
-            self._say(f"… still {DOING[self.step]} ({lasted:.0f} s)")
+        step, since = self.now
+        lasted = time.monotonic() - since
+        if lasted >= QUIET_FOR and step in DOING:
+            self._say(f"… still {DOING[step]} ({lasted:.0f} s)")
 
     def dropped(self, place: str, exc: ConnectionDropped) -> ConnectionDropped:
         """The keepalive's verdict, said for this command at the step it had reached."""
@@ -127,4 +135,54 @@ class Progress:
                 f"dflash status, then run dflash {self.doing} again (it waits for the deploy lock "
                 "while that program still ends). dflash logs --follow reconnects by itself."
             ),
+        )
+
+
+# What a step waits for at the place, in the message of one that overran.
+_WAITS_FOR = {
+    START_UP: "the place to start the program (its login shell, `pct exec`)",
+    "tmux": "`tmux -V`",
+    "python": "the job's python (the version probe)",
+    "lock": "the deploy lock's folder",
+    "unpack": "the release to arrive and unpack",
+    "check": "the trainer's check of [train]",
+    "stop": "the job to stop, and tmux",
+    "start": "tmux to start the job",
+    "ready": "the job's log to say it is past start-up",
+}
+
+
+class StepWatch:
+    """How long the program's step now running may still take (`bounded.Watch`): `bound(step)`
+    seconds from its start, the step and its start read from the step lines by `Progress`,
+    which also says them to the operator."""
+
+    def __init__(self, bound: Callable[[str], float], progress: Progress) -> None:
+        self._bound = bound
+        self._progress = progress
+
+    def seen(self, data: bytes) -> None:
+        self._progress.feed(data)
+
+    def left(self) -> float:
+        step, since = self._progress.now
+        return since + self._bound(step) - time.monotonic()
+
+    def overrun(self, doing: str, where: str, timeout: float) -> CommandTimedOut:
+        """The error of the step that did not finish in time."""
+        step, _ = self._progress.now
+        waits = _WAITS_FOR.get(step, f"step {step}")
+        if step in AFTER_STOP:  # the place's watcher is gone: the program is not ended with us
+            then = (
+                "dflash stopped waiting; from the stop on the program there goes on by itself "
+                "(dflash status shows what runs)."
+            )
+        else:
+            then = "the command was ended there, and nothing after that step ran."
+        return CommandTimedOut(
+            f"dflash {doing}: step {step} did not finish within {self._bound(step):g} s on "
+            f"{where} (it waits for {waits}); {then}",
+            hint="Look at the place: is something there hung (tmux, python, the disk)? If it is "
+            f"only slow, raise timeout in the target's table of deploy.toml (now {timeout:g} s)"
+            + (", or [job] stop_timeout." if step == "stop" else "."),
         )

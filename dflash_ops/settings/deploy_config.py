@@ -20,6 +20,7 @@ start from the table of deploy.toml for that place, else from a remote `[target]
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tomllib
@@ -29,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from dflash_ops.connect import shell, ssh_names
+from dflash_ops.connect.place import DEFAULT_TIMEOUT
 from dflash_ops.errors import ConfigError, UnsafeValue
 from dflash_ops.settings.job_config import JobConfig, job_config
-from dflash_ops.settings.toml_keys import INT, STR, TABLE, Schema, check_keys, type_error
+from dflash_ops.settings.toml_keys import INT, NUM, STR, TABLE, Schema, check_keys, type_error
 from dflash_ops.settings.venv_config import VenvConfig, venv_config
 
 CONFIG_ENV = "DFLASH_CONFIG"
@@ -53,6 +55,7 @@ _TARGET_KEYS: Schema = {
     "root": STR,
     "checkpoints": STR,
     "python": STR,
+    "timeout": NUM,
 }
 _TOP_KEYS: Schema = {
     "target": TABLE,
@@ -119,6 +122,7 @@ class Target:
     python: str  # the job's interpreter: the venv's with [venv]
     note: str = ""  # which table of deploy.toml gave the keys the flags did not name
     venv: Venv | None = None  # [venv]: the job's python is built at the place
+    timeout: float = DEFAULT_TIMEOUT  # seconds one command (one step) may take at the place
 
     @property
     def remote(self) -> bool:
@@ -379,6 +383,13 @@ def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> T
     if config.venv is not None:  # the target's python builds the venv; the job runs the venv's
         venv = Venv(folder=config.venv.folder(root, python), base=python, config=config.venv)
         python = venv.python
+    timeout = fields.get("timeout", DEFAULT_TIMEOUT)
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ConfigError(
+            f"{where}: timeout = {timeout} is not a number of seconds above 0.",
+            hint=f"Set timeout = {DEFAULT_TIMEOUT:g} (how long one command may take there), "
+            "or more for a slow place.",
+        )
     return Target(
         name=name,
         place=place,
@@ -390,6 +401,7 @@ def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> T
         checkpoints=checkpoints,
         python=python,
         venv=venv,
+        timeout=float(timeout),
     )
 
 

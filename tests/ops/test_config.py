@@ -76,6 +76,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert target.root == str(tmp_path / ".dflash" / "local")
     assert target.checkpoints == str(tmp_path / ".dflash" / "local" / "checkpoints")
     assert target.python == sys.executable
+    assert target.timeout == 120.0  # each command at the place, each step of the site program
 
 
 @pytest.mark.parametrize(
@@ -106,6 +107,8 @@ def test_defaults(tmp_path: Path) -> None:
         ("[venv]\nsystem_site_packages = 1\n", "'venv.system_site_packages'"),
         ("[venv]\nwheels = 'relative'\n", "'venv.wheels'"),
         ("[venv]\n", "trainer/requirements.txt"),
+        ("[target]\ntimeout = '60'\n", "'target.timeout'"),
+        ("[targets.a]\ntimeout = true\n", "'targets.a.timeout'"),
     ],
 )
 def test_errors_name_key_and_file(tmp_path: Path, text: str, words: str) -> None:
@@ -256,6 +259,10 @@ def test_state_round_trip(tmp_path: Path) -> None:
         ('place = "ssh"\nhost = "h"\ncheckpoints = "/"', "checkpoints"),
         ('place = "ssh"\nhost = "-oProxyCommand=x"', "host"),
         ('place = "ssh"\nhost = "h"\nport = 70000', "port"),
+        ("timeout = 0", "timeout = 0 is not a number of seconds above 0"),
+        ("timeout = -1.5", "timeout = -1.5 is not"),
+        ("timeout = inf", "timeout = inf is not"),
+        ("timeout = nan", "timeout = nan is not"),
     ],
 )
 def test_target_combinations(tmp_path: Path, fields: str, words: str) -> None:

@@ -55,8 +55,12 @@ def test_keep_five_spares_current_and_rollback_target(site: Site, project: Path)
 def test_rollback_refuses_when_current_moved_meanwhile(site: Site, project: Path) -> None:
     """Rollback chose its target from `current` as it was read; a deploy since then wins."""
     ids = [push(site, project) for _ in range(3)]
-    with pytest.raises(ReleaseError, match="current is no longer"):
+    with pytest.raises(ReleaseError) as refused:
         site.rollback(ids[0], expect=ids[1])
+    said = str(refused.value)
+    assert f"was switched to {ids[2]} by another command" in said and "nothing was" in said
+    assert "run dflash rollback again" in refused.value.hint.lower()
+    assert "must be a symlink" not in refused.value.hint
     assert site.releases.current() == ids[2]
     assert not Path(site.plan.lock.path).is_symlink()
 
