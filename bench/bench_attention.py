@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from common import (
     ANCHOR_TFLOPS,
+    help_parser,
     is_oom,
     peak_gib,
     repo_on_path,
@@ -157,11 +158,11 @@ def agreement(attention, block_mask, options, leaves, grad) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = help_parser(__doc__)
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5, help="timed runs: the median is reported")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs first (compiles)")
     parser.add_argument("--no-sdpa", action="store_true", help="skip the dense SDPA row")
     parser.add_argument(
         "--flash",

@@ -7,9 +7,9 @@ has the namespace-backed `pct` stand-in, one container) and, for each place — 
 the SSH host `testbox`, container 200 on `pvehost` — measures:
 
 - deploy, as a user runs it: the wall time of `python -m dflash_ops deploy` until it returns
-  (the job is `exec sleep 3600`, which starts instantly, so job start-up is excluded), and the
-  SSH connections and remote commands the server logged for it (`Accepted publickey`,
-  `Starting session`);
+  (`--no-wait`, and the job is `exec sleep 3600`, which starts instantly: job start-up is
+  excluded), and the SSH connections and remote commands the server logged for it
+  (`Accepted publickey`, `Starting session`);
 - deploy, in this process: the same `operations.deploy`, with the bundle build, every remote
   round trip and `connections_opened` of the transport counted (no interpreter start-up);
 - follow latency: `dflash logs --follow` runs; lines carrying `time.time()` are appended to the
@@ -47,7 +47,9 @@ if str(REPO) not in sys.path:
 
 from dflash_ops.commands import operations  # noqa: E402
 from dflash_ops.commands.workspace import Workspace, open_place  # noqa: E402
-from dflash_ops.connect.transport import Result, Stdin, StreamResult  # noqa: E402
+from dflash_ops.connect.place import what_runs  # noqa: E402
+from dflash_ops.connect.stdin import Stdin  # noqa: E402
+from dflash_ops.connect.transport import STDOUT_CAP, Result, StreamResult, Watch  # noqa: E402
 from dflash_ops.settings.deploy_config import TargetFlags  # noqa: E402
 from tests.cli_helpers import Where, kill_tmux_server  # noqa: E402
 from tests.fixtures.proxmox import Proxmox  # noqa: E402
@@ -64,6 +66,7 @@ class CountingPlace:
         self.inner = inner
         self.description = inner.description
         self.transport = inner.transport
+        self.timeout = inner.timeout
         self.trips: list[tuple[str, float]] = []
 
     def run(
@@ -73,15 +76,19 @@ class CountingPlace:
         stdin: Stdin = None,
         timeout: float | None = None,
         check: bool = True,
+        cap: int = STDOUT_CAP,
+        watch: Watch | None = None,
     ) -> Result:
         start = time.perf_counter()
         try:
-            return self.inner.run(argv, stdin=stdin, timeout=timeout, check=check)
+            return self.inner.run(
+                argv, stdin=stdin, timeout=timeout, check=check, cap=cap, watch=watch
+            )
         finally:
-            self.trips.append((_label(argv), time.perf_counter() - start))
+            self.trips.append((what_runs(argv), time.perf_counter() - start))
 
     def stream(self, argv: Sequence[str]) -> StreamResult:
-        self.trips.append((_label(argv), 0.0))
+        self.trips.append((what_runs(argv), 0.0))
         return self.inner.stream(argv)
 
     def ensure_ready(self) -> None:
@@ -91,14 +98,6 @@ class CountingPlace:
 
     def close(self) -> None:
         self.inner.close()
-
-
-def _label(argv: Sequence[str]) -> str:
-    if tuple(argv[:2]) == ("bash", "-c") and len(argv) > 3:
-        return argv[3]  # the script's $0: dflash-unpack, dflash-lock, …
-    if argv[0] == "tmux" and len(argv) > 3:
-        return f"tmux {argv[3]}"
-    return argv[0]
 
 
 def sshd_counts(server: SSHServer) -> tuple[int, int]:
@@ -168,7 +167,7 @@ def bench_cli_deploy(where: Where, server: SSHServer, reps: int) -> dict[str, An
     for _ in range(reps):
         before = sshd_counts(server)
         start = time.perf_counter()
-        result = where.run("deploy", *where.flags)
+        result = where.run("deploy", "--no-wait", *where.flags)
         walls.append(time.perf_counter() - start)
         if result.returncode != 0:
             raise RuntimeError(f"deploy to {where.kind} failed: {result.stderr}")
@@ -195,7 +194,7 @@ def bench_inprocess_deploy(where: Where, reps: int) -> dict[str, Any]:
             place.transport.connect()  # as `operations.deploy` opens it (no `pct status`)
             ws._place = place
             try:
-                operations.deploy(ws)
+                operations.deploy(ws, wait=False)
             finally:
                 ws.close()
             total = time.perf_counter() - start
@@ -298,10 +297,13 @@ def bench_follow(where: Where, count: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--lines", type=int, default=20)
+    head, _, rest = __doc__.partition("\n\n")
+    parser = argparse.ArgumentParser(
+        description=head, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True, help="write the results as JSON here")
+    parser.add_argument("--reps", type=int, default=3, help="CLI deploys per place (median)")
+    parser.add_argument("--lines", type=int, default=20, help="lines followed per place")
     args = parser.parse_args()
 
     os.environ.pop("SSH_AUTH_SOCK", None)

@@ -1,7 +1,7 @@
 """What a trained drafter is worth: τ by real speculative decoding, held out and on its own
 training prompts, beside prompt lookup on the same target and prompts.
 
-    python bench/bench_eval.py                            # one H200; writes bench/results/h200-eval.json
+    python bench/bench_eval.py                            # one H200; writes bench/results/eval/eval.json
     python bench/bench_eval.py --samples 65536 --drafter-steps 1600 --out eval.json  # one point
     python bench/bench_eval.py --reuse-target --train-data DIR,DIR2   # data made elsewhere
     python bench/bench_eval.py --gen-temperatures 0,0.8 --prepare-only # target + data, then stop
@@ -76,7 +76,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import log  # noqa: E402
+from bench.common import help_parser, log  # noqa: E402
 from bench.eval_corpus import corpus  # noqa: E402
 from bench.eval_target import (  # noqa: E402
     encode,
@@ -84,6 +84,7 @@ from bench.eval_target import (  # noqa: E402
     target_and_tokenizer,
     windows,
 )
+from bench.records import compact_json, write_json  # noqa: E402
 from trainer.config import (  # noqa: E402
     LossConfig,
     TrainConfigError,
@@ -103,7 +104,7 @@ from trainer.shards import ShardSamples  # noqa: E402
 from trainer.speculative import evaluate, greedy_outputs  # noqa: E402
 from trainer.target import Target, load_target  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results" / "h200-eval.json"
+RESULTS = ROOT / "bench" / "results" / "eval" / "eval.json"
 
 
 def write_prompts(path: Path, prompts: torch.Tensor) -> None:
@@ -481,7 +482,7 @@ def drafter_steps(
     return dict.fromkeys(plan, steps), step_s
 
 
-DEFAULT_UNSEEN_EVERY = 4  # a new target's split: answers to kept files carry over (benchmarks.md)
+DEFAULT_UNSEEN_EVERY = 4  # kept files' answers carry over: bench/results/prompt-sources-h200
 DEFAULT_EPOCHS = 3  # a point's default steps: 3 passes over its samples…
 MIN_STEPS = 600  # …and at least this many (the 2,048-sample point memorises: 37 epochs)
 
@@ -597,7 +598,7 @@ def recipe(args: argparse.Namespace) -> dict[str, Any]:
 def save_partial(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """The results so far, marked incomplete (the finished run overwrites them)."""
     if args.out:
-        Path(args.out).write_text(json.dumps({**result, "complete": False}, indent=2) + "\n")
+        write_json(args.out, {**result, "complete": False})
 
 
 def demo_cpu(args: argparse.Namespace) -> dict[str, Any]:
@@ -636,7 +637,7 @@ def demo_cpu(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = help_parser(__doc__)
     p.add_argument(
         "--out",
         default=None,
@@ -645,14 +646,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work", default="/tmp/dflash-bench-eval", help="assets and run folders")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
     p.add_argument("--demo-cpu", action="store_true", help="the demo drafter's figure")
-    p.add_argument("--corpus-bytes", type=int, default=24_000_000)
-    p.add_argument("--holdout-every", type=int, default=20)
-    p.add_argument("--vocab", type=int, default=8192)
-    p.add_argument("--target-layers", type=int, default=8)
-    p.add_argument("--target-hidden", type=int, default=768)
-    p.add_argument("--target-seq", type=int, default=512)
-    p.add_argument("--target-batch", type=int, default=32)
-    p.add_argument("--target-lr", type=float, default=1e-3)
+    p.add_argument(
+        "--corpus-bytes",
+        type=int,
+        default=24_000_000,
+        help="bytes of standard-library sources read (the corpus cap)",
+    )
+    p.add_argument(
+        "--holdout-every",
+        type=int,
+        default=20,
+        help="every K-th file is held out: the evaluation's prompts",
+    )
+    p.add_argument("--vocab", type=int, default=8192, help="the target's byte-level BPE vocabulary")
+    p.add_argument("--target-layers", type=int, default=8, help="the target's decoder layers")
+    p.add_argument("--target-hidden", type=int, default=768, help="the target's hidden size")
+    p.add_argument(
+        "--target-seq", type=int, default=512, help="the target's training sequence length"
+    )
+    p.add_argument("--target-batch", type=int, default=32, help="the target's training batch")
+    p.add_argument("--target-lr", type=float, default=1e-3, help="the target's learning rate")
     p.add_argument(
         "--target-steps",
         type=int,
@@ -722,9 +735,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "training files, or of the files kept from it (the default where --unseen-every keeps "
         "any); with --train-data, what the given data were made from (for the record)",
     )
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--gen-len", type=int, default=192)
-    p.add_argument("--gen-batch", type=int, default=2048)
+    p.add_argument(
+        "--prompt-len", type=int, default=64, help="tokens of each generation and evaluation prompt"
+    )
+    p.add_argument("--gen-len", type=int, default=192, help="new tokens of each generated answer")
+    p.add_argument("--gen-batch", type=int, default=2048, help="trainer.generate's batch size")
     p.add_argument(
         "--gen-compare",
         type=int,
@@ -733,11 +748,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="time plain transformers generate against trainer.decode on the first N prompts, "
         "batches of --gen-batch, the first a warm-up (0: skip)",
     )
-    p.add_argument("--drafter-layers", type=int, default=4)
-    p.add_argument("--block-size", type=int, default=8)
-    p.add_argument("--drafter-batch", type=int, default=128)
-    p.add_argument("--anchors", type=int, default=64)
-    p.add_argument("--drafter-lr", type=float, default=2e-3)
+    p.add_argument("--drafter-layers", type=int, default=4, help="the drafter's layers")
+    p.add_argument(
+        "--block-size", type=int, default=8, help="B: the drafter's block (slots per draft)"
+    )
+    p.add_argument("--drafter-batch", type=int, default=128, help="sequences per drafter step")
+    p.add_argument("--anchors", type=int, default=64, help="blocks per sequence")
+    p.add_argument("--drafter-lr", type=float, default=2e-3, help="the drafter's learning rate")
     p.add_argument(
         "--feature-layers",
         type=layer_list,
@@ -769,7 +786,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="held-out prompts, drawn in a fixed order (a run with 32 has the first 32 of a run "
         "with 128); the 95 %% interval of τ is about ±0.4 on 32 and ±0.2 on 128",
     )
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument(
+        "--max-new-tokens", type=int, default=128, help="new tokens per evaluation prompt"
+    )
     p.add_argument("--lookup-max-n", type=int, default=4, help="prompt lookup: n-grams n…1")
     p.add_argument(
         "--export-dtype",
@@ -899,10 +918,9 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "python": sys.version.split()[0],
     }
-    text = json.dumps(result, indent=2)
     if args.out:
-        Path(args.out).write_text(text + "\n")
-    print(text)
+        write_json(args.out, result)
+    print(compact_json(result))
     return 0
 
 

@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.bench_generate import SHAPES  # noqa: E402
-from bench.common import environment, markdown, sync, write  # noqa: E402
+from bench.common import environment, help_parser, markdown, sync, write  # noqa: E402
 from trainer.config import ModelConfig  # noqa: E402
 from trainer.drafters import BlockDrafter, DFlashDrafter  # noqa: E402
 from trainer.model import Drafter, shape_from_target  # noqa: E402
@@ -36,15 +36,22 @@ from trainer.target import Target, load_target  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--shape", default="eval-target", choices=sorted(SHAPES))
-    p.add_argument("--prompts", type=int, default=32)
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--block-size", type=int, default=8)
-    p.add_argument("--drafter-layers", type=int, default=4)
-    p.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS)
-    p.add_argument("--out", default=None)
+    p = help_parser(__doc__)
+    p.add_argument(
+        "--shape", default="eval-target", choices=sorted(SHAPES), help="the random target's shape"
+    )
+    p.add_argument("--prompts", type=int, default=32, help="evaluation prompts")
+    p.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt")
+    p.add_argument("--block-size", type=int, default=8, help="the drafter's block size")
+    p.add_argument("--drafter-layers", type=int, default=4, help="the random drafter's layers")
+    p.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=BATCH_TOKENS,
+        help="the batched run's tokens per forward (trainer.evaluate --batch-tokens)",
+    )
+    p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
     args = p.parse_args(argv)
     if args.smoke:

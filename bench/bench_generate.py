@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import environment, markdown, sync, write  # noqa: E402
+from bench.common import environment, help_parser, markdown, sync, write  # noqa: E402
 from trainer.decode import decode_batch, length_batches  # noqa: E402
 
 # a rank's last line: "generated N samples, T answer tokens in H:MM:SS (R tok/s)"
@@ -65,21 +65,23 @@ SHAPES = {
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES))
-    p.add_argument("--prompts", type=int, default=256)
+    p = help_parser(__doc__)
+    p.add_argument(
+        "--shape", default="qwen3-0.6b", choices=sorted(SHAPES), help="the random target's shape"
+    )
+    p.add_argument("--prompts", type=int, default=256, help="prompts of the engine comparison")
     p.add_argument(
         "--pipeline-prompts",
         type=int,
         default=0,
         help="prompts of the trainer.generate runs (0: --prompts; the first --prompts are shared)",
     )
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--min-len", type=int, default=64)
-    p.add_argument("--max-len", type=int, default=512)
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=32, help="prompts decoded at a time")
+    p.add_argument("--min-len", type=int, default=64, help="shortest prompt, tokens")
+    p.add_argument("--max-len", type=int, default=512, help="longest prompt, tokens")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per answer at most")
     p.add_argument("--eos-share", type=float, default=0.3, help="answers expected to end early")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the prompts' and weights' seed")
     p.add_argument(
         "--gpus",
         default=None,

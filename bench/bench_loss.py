@@ -15,7 +15,6 @@ lm_head) at the GEMM rate measured in the same run. Goal: ≤ 1 GiB extra, faste
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -25,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from common import (
     ANCHOR_TFLOPS,
+    help_parser,
     is_oom,
     peak_gib,
     repo_on_path,
@@ -118,11 +118,11 @@ def gemm_tflops(shape: Shape, device, dtype, args) -> float | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = help_parser(__doc__)
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=5, help="timed runs: the median is reported")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs first")
     parser.add_argument("--no-naive", action="store_true", help="skip the full-logits rows")
     parser.add_argument(
         "--sweep", default="", help="extra chunk sizes for our rows, e.g. 256,512,1024"

@@ -16,18 +16,7 @@
    matmul rate.
 
 Model FLOPs of one drafter train step (`drafter_model_flops`, from the batch itself): the work
-the model needs, not what the kernels happen to do — no backward recomputation, no masked-out
-scores inside a computed tile, no padding.
-- linear layers, per token they see: 2 forward + 2 for the weight gradient + 2 for the input
-  gradient where the input needs one. `fc` sees the real context tokens and its input (the
-  target's features) needs none (4×); k/v see context + block tokens, q/o/MLP the block tokens
-  of the valid blocks (Q = valid blocks·B); layer 0's q/k/v read the frozen block-token
-  embeddings, which need no gradient (4× for those);
-- attention: 12·head_dim·heads·P (forward 4: QKᵀ and PV; backward 8), P = the (query, key)
-  pairs the mask allows, counted from the dense mask of the batch;
-- lm_head and loss with the frozen weight, over the R supervised rows (the loss computes no
-  other): 2·R·H·V for the drafter's logits, 2·R·H·V for their input gradient, 2·R·H·V for the
-  target's logits of the KL term.
+the model needs, not what the kernels happen to do, as `bench/flops.py` counts it.
 Prints a markdown table and writes the JSON. Targets the 6-minute budget on 2×H200 (compiles
 included); all weights are random (no files, no network).
 """
@@ -48,6 +37,9 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+
+from bench.common import help_parser
+from bench.records import write_json
 
 PEAK_BF16 = 989e12
 MEASURED_MATMUL = 790e12
@@ -224,28 +216,28 @@ def measured_rate(rows: list[dict], warmup: int) -> float:
 
 
 def drafter_model_flops(spec: dict, batch) -> float:
-    """Model FLOPs of one drafter train step on `batch` (a `trainer.data.Batch`; module doc)."""
-    from trainer.loss import IGNORE_INDEX
-    from trainer.masks import batched_dense_mask
+    """Model FLOPs of one drafter train step on `batch` (a `trainer.data.Batch`;
+    `bench.flops.drafter_step_flops`): the drafter shaped as the benchmark's target, KL on."""
+    from types import SimpleNamespace
+
+    from bench.flops import drafter_step_flops
 
     t = spec["target"]
-    h, hq, hkv = t["hidden_size"], t["num_attention_heads"], t["num_key_value_heads"]
-    hd, inter, v = t["head_dim"], t["intermediate_size"], t["vocab_size"]
-    b, layers = spec["block_size"], spec["drafter_layers"]
-    context = int(batch.lengths.sum())  # real context tokens
-    q = int(batch.valid.sum()) * b  # rows of the valid blocks
-    slot = torch.arange(b, device=batch.labels.device)
-    rows = int(((batch.labels != IGNORE_INDEX) & (slot >= 1)).sum())  # supervised rows
-    pairs = int(
-        batched_dense_mask(batch.anchors, batch.input_ids.shape[1], b, valid=batch.valid).sum()
+    shape = SimpleNamespace(
+        hidden_size=t["hidden_size"],
+        num_heads=t["num_attention_heads"],
+        num_kv_heads=t["num_key_value_heads"],
+        head_dim=t["head_dim"],
+        intermediate_size=t["intermediate_size"],
+        vocab_size=t["vocab_size"],
+        num_layers=spec["drafter_layers"],
+        num_features=spec["features"],
+        block_size=spec["block_size"],
+        sliding_window=None,
+        sliding_layers=(),
+        sliding_causal=True,
     )
-    q_w, o_w, kv_w, mlp_w = h * hq * hd, hq * hd * h, 2 * h * hkv * hd, 3 * h * inter
-    fc = 4 * (spec["features"] * h * h) * context
-    per_layer = 6 * (q_w + o_w + mlp_w) * q + 6 * kv_w * (context + q)
-    first_layer_frozen_inputs = 2 * (q_w + kv_w) * q  # no input gradient into the embeddings
-    attn = 12 * hd * hq * pairs
-    head = 3 * 2 * rows * h * v
-    return fc + layers * (per_layer + attn) - first_layer_frozen_inputs + head
+    return drafter_step_flops(shape, batch, kl=True)
 
 
 def stream_batches(spec: dict, data: Path, count: int) -> list:
@@ -299,7 +291,7 @@ def colocated_rate(config, target, device: torch.device, *, warmup: int, timed: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = help_parser(__doc__)
     parser.add_argument("--out", required=True, help="results JSON")
     parser.add_argument(
         "--smoke", action="store_true", help="CPU, tiny shapes (a check, not a benchmark)"
@@ -382,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         "rates": asdict(rates),
         "wall_s": time.perf_counter() - t0,
     }
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(table(result))
     return 0
 

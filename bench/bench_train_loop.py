@@ -17,7 +17,6 @@ and adds their summary (wall and kernel time per step, kernels by kind).
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
@@ -33,7 +32,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch
 
-from bench.common import environment, sync, write
+from bench.common import environment, help_parser, sync, write
 from trainer.config import add_overrides_option
 
 FULL = {"hidden": 768, "layers": 8, "vocab": 8192, "batch": 128, "anchors": 64, "samples": 8192}
@@ -100,7 +99,7 @@ def loop_config(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = help_parser(__doc__)
     p.add_argument("--steps", type=int, default=150, help="timed steps")
     p.add_argument("--warmup", type=int, default=50, help="untimed steps first (compiles)")
     p.add_argument("--profile-steps", type=int, default=0, help="then profile this many steps")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import argparse
 import statistics
 import sys
 import time
@@ -12,8 +12,23 @@ from typing import Any
 
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python bench/x.py` imports this file as `common`
+    sys.path.insert(0, str(ROOT))
+
+from bench.records import write_json  # noqa: E402
+
 GIB = float(1 << 30)
 ANCHOR_TFLOPS = 790.0  # bf16 matrix rate measured on an H200 (anchors/h200.md)
+
+
+def help_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A script's parser whose `--help` is the script's docstring: its first paragraph, the
+    options, then the rest as written (the commands, the rows and columns, the goals)."""
+    head, _, rest = (doc or "").strip().partition("\n\n")
+    return argparse.ArgumentParser(
+        description=head, epilog=rest or None, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
 
 
 def repo_on_path() -> None:
@@ -89,7 +104,7 @@ def markdown(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 def write(out: str | None, payload: dict[str, Any]) -> None:
     if out:
-        Path(out).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        write_json(out, payload)
 
 
 def environment(device: torch.device) -> dict[str, Any]:

@@ -5,16 +5,18 @@
         --recipe "prefix: --train-data {work}/generated-unseen-t1-p16" \\
         --recipe "mix: --train-data {work}/generated-unseen,{work}/generated-unseen-t1-p16"
 
-First `bench_eval.py --prepare-only` trains the target and generates the data into `--work`
-(its arguments from `--prepare`); then every recipe runs as its own `bench_eval.py
---reuse-target` process, all at once (a drafter step leaves most of an H200 idle, so recipes
-that share it finish together far sooner than one after another), spread over the visible GPUs
-in turn (recipe i on GPU i mod n), each in its own work folder beside the shared target, and
-writes `<out>/<name>.json` (`--one-at-a-time`: in order, one after another, so that a machine
-taken back midway keeps the recipes that finished). `{work}` in a recipe is `--work`. The
-τ figures do not depend on the sharing; the step times and the training seconds do.
-`<out>/summary.md` holds a row per recipe and point, then each recipe's held-out τ against the
-first recipe's with a paired interval over the same prompts (`trainer.tau_bootstrap`).
+The engine of `python -m bench.recipes` (recipes kept as files: `bench/recipes/*.toml`), and its
+command line for recipes typed out. First `bench_eval.py --prepare-only` trains the target and
+generates the data into `--work` (its arguments from `--prepare`; its JSON and log in `--out`);
+then every recipe runs as its own `bench_eval.py --reuse-target` process, all at once (a drafter
+step leaves most of an H200 idle, so recipes that share it finish together far sooner than one
+after another), spread over the visible GPUs in turn (recipe i on GPU i mod n), each in its own
+work folder beside the shared target, and writes `<out>/<name>.json` (`--one-at-a-time`: in
+order, one after another, so that a machine taken back midway keeps the recipes that finished).
+`{work}` in a recipe is `--work`. The τ figures do not depend on the sharing; the step times and
+the training seconds do. `<out>/summary.md` holds a row per recipe and point, then each recipe's
+held-out τ against the first recipe's with a paired interval over the same prompts
+(`trainer.tau_bootstrap`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ BENCH = ROOT / "bench" / "bench_eval.py"
 if str(ROOT) not in sys.path:  # the trainer package, when run as a script
     sys.path.insert(0, str(ROOT))
 
-from bench.common import log  # noqa: E402
+from bench.common import help_parser, log  # noqa: E402
 
 
 def parse_recipe(text: str) -> tuple[str, str]:
@@ -44,15 +46,16 @@ def parse_recipe(text: str) -> tuple[str, str]:
     return name, rest
 
 
-def prepare(args: argparse.Namespace, work: Path) -> None:
-    """The target and the data, once, in `work`."""
+def prepare(work: Path, out: Path, options: list[str], name: str = "prepare") -> None:
+    """The target and the data in `work` (`bench_eval.py --prepare-only` with `options`), its
+    JSON and log as `<out>/<name>.json` and `.log`."""
     argv = [sys.executable, str(BENCH), "--work", str(work), "--prepare-only"]
-    argv += ["--out", str(work / "prepare.json"), *shlex.split(args.prepare)]
-    log("prepare: " + shlex.join(argv[1:]))
-    with (work / "prepare.log").open("w") as out:
-        code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT).returncode
+    argv += ["--out", str(out / f"{name}.json"), *options]
+    log(f"{name}: " + shlex.join(argv[1:]))
+    with (out / f"{name}.log").open("w") as log_file:
+        code = subprocess.run(argv, stdout=log_file, stderr=subprocess.STDOUT).returncode
     if code != 0:
-        raise SystemExit(f"prepare failed ({code}): see {work / 'prepare.log'}")
+        raise SystemExit(f"{name} failed ({code}): see {out / f'{name}.log'}")
 
 
 def visible_gpus() -> list[str]:
@@ -73,7 +76,7 @@ def gpu_env(index: int, gpus: list[str]) -> dict[str, str]:
 
 
 def start(
-    name: str, options: str, work: Path, out: Path, env: dict[str, str]
+    name: str, options: list[str], work: Path, out: Path, env: dict[str, str]
 ) -> subprocess.Popen[bytes]:
     """One recipe's `bench_eval.py --reuse-target` in `work/<name>` (the target linked in)."""
     folder = work / name
@@ -82,12 +85,37 @@ def start(
     if not link.exists():
         link.symlink_to(work / "target", target_is_directory=True)
     argv = [sys.executable, str(BENCH), "--work", str(folder), "--reuse-target"]
-    argv += ["--out", str(out / f"{name}.json")]
-    argv += shlex.split(options.replace("{work}", str(work)))
+    argv += ["--out", str(out / f"{name}.json"), *options]
     gpu = env.get("CUDA_VISIBLE_DEVICES")
     log(f"{name}{f' (GPU {gpu})' if gpu is not None else ''}: " + shlex.join(argv[1:]))
     with (out / f"{name}.log").open("w") as log_file:  # the child keeps its own copy
         return subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+
+
+def run_recipes(
+    work: Path, out: Path, recipes: list[tuple[str, list[str]]], *, one_at_a_time: bool
+) -> int:
+    """Every recipe on the prepared `work` (see the module's docstring), then the summary;
+    1 if any failed (its log says why), else 0."""
+    gpus = visible_gpus()
+    names = [name for name, _ in recipes]
+    if one_at_a_time:
+        failed = []
+        for i, (name, options) in enumerate(recipes):
+            if start(name, options, work, out, gpu_env(i, gpus)).wait() != 0:
+                failed.append(name)
+            rows = write_summary(out, names)
+    else:
+        procs = {
+            name: start(name, options, work, out, gpu_env(i, gpus))
+            for i, (name, options) in enumerate(recipes)
+        }
+        failed = [name for name, proc in procs.items() if proc.wait() != 0]
+        rows = write_summary(out, names)
+    print("\n".join(rows))
+    if failed:
+        log(f"failed: {', '.join(failed)} (see their logs in {out})")
+    return 1 if failed else 0
 
 
 def load_results(out: Path, names: list[str]) -> dict[str, dict[str, Any] | None]:
@@ -176,12 +204,15 @@ def percents(rates: list[float] | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = help_parser(__doc__)
     p.add_argument("--work", required=True, help="the shared target and data")
     p.add_argument("--out", required=True, help="folder for <recipe>.json and .log")
     p.add_argument("--prepare", default="", help="bench_eval.py arguments of the preparation")
     p.add_argument("--skip-prepare", action="store_true", help="the target and data exist")
-    p.add_argument("--recipe", type=parse_recipe, action="append", required=True)
+    p.add_argument(
+        "--recipe", type=parse_recipe, action="append", required=True,
+        help="'NAME: bench_eval.py options' (repeatable; {work} is --work)",
+    )  # fmt: skip
     p.add_argument(
         "--one-at-a-time", action="store_true",
         help="run the recipes one after another in the order given, the summary rewritten "
@@ -189,31 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = p.parse_args(argv)
     work, out = Path(args.work).resolve(), Path(args.out).resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
     if len({name for name, _ in args.recipe}) != len(args.recipe):
         p.error("recipe names must differ")
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     if not args.skip_prepare:
-        prepare(args, work)
-    gpus = visible_gpus()
-    names = [name for name, _ in args.recipe]
-    if args.one_at_a_time:
-        failed = []
-        for i, (name, options) in enumerate(args.recipe):
-            if start(name, options, work, out, gpu_env(i, gpus)).wait() != 0:
-                failed.append(name)
-            rows = write_summary(out, names)
-    else:
-        procs = {
-            name: start(name, options, work, out, gpu_env(i, gpus))
-            for i, (name, options) in enumerate(args.recipe)
-        }
-        failed = [name for name, proc in procs.items() if proc.wait() != 0]
-        rows = write_summary(out, names)
-    print("\n".join(rows))
-    if failed:
-        log(f"failed: {', '.join(failed)} (see their logs in {out})")
-    return 1 if failed else 0
+        prepare(work, out, shlex.split(args.prepare))
+    recipes = [(n, shlex.split(o.replace("{work}", str(work)))) for n, o in args.recipe]
+    return run_recipes(work, out, recipes, one_at_a_time=args.one_at_a_time)
 
 
 if __name__ == "__main__":

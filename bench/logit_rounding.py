@@ -12,7 +12,6 @@ The lm_head is scaled so that the best logit is about 60, as peaked as a trained
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common import help_parser  # noqa: E402
 from bench.eval_target import target_config  # noqa: E402
 from trainer.lossless import HALF_RTOL, TIE_RTOL  # noqa: E402
 from trainer.target import Target  # noqa: E402
@@ -55,8 +55,8 @@ def largest_change(target: Target, *, trials: int = 3, length: int = 96) -> floa
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cpu")
+    p = help_parser(__doc__)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: its kernels round their own way")
     p.add_argument("--layers", default="4,16", help="depths, comma-separated")
     args = p.parse_args()
     print("| layers | dtype | largest relative change | tie tolerance |")

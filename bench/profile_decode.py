@@ -26,19 +26,27 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.bench_generate import build_model  # noqa: E402
-from bench.common import environment, markdown, sync, write  # noqa: E402
+from bench.common import environment, help_parser, markdown, sync, write  # noqa: E402
 from trainer.decode import ENGINES, decode_batch  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--shape", default="eval-target")
-    p.add_argument("--batch-sizes", default="512,2048")
-    p.add_argument("--engines", default=",".join(ENGINES))
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--profile-batch", type=int, default=512)
-    p.add_argument("--profile-steps", type=int, default=16)
+    p = help_parser(__doc__)
+    p.add_argument(
+        "--shape",
+        default="eval-target",
+        help="the random target's shape (bench_generate.py's shapes)",
+    )
+    p.add_argument("--batch-sizes", default="512,2048", help="batch sizes, comma-separated")
+    p.add_argument(
+        "--engines", default=",".join(ENGINES), help="trainer.decode engines, comma-separated"
+    )
+    p.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per answer")
+    p.add_argument(
+        "--profile-batch", type=int, default=512, help="the batch size of the profiled batch"
+    )
+    p.add_argument("--profile-steps", type=int, default=16, help="decode steps profiled")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
     p.add_argument("--out", default=None, help="JSON file, or a folder (then OUT/decode.json)")
     args = p.parse_args(argv)

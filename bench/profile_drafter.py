@@ -18,8 +18,6 @@ reported, since one inside a layer splits its fused graph.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 import time
@@ -42,6 +40,8 @@ from bench.bench_pipeline import (
     train_config,
     write_data,
 )
+from bench.common import help_parser
+from bench.records import write_json
 from trainer.config import ATTENTION_KERNELS
 from trainer.profiling import by_kind, kernel_times
 
@@ -57,7 +57,7 @@ def _seconds_per_step(worker, features: list, steps: range, device: torch.device
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = help_parser(__doc__)
     parser.add_argument("--steps", type=int, default=2, help="profiled drafter steps")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compiles)")
     parser.add_argument("--out", default=None, help="also write the summary as JSON")
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['kind']} | {r['ms_per_step']:.1f} | {100 * r['share']:.1f} % |")
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        write_json(args.out, result)
     return 0
 
 

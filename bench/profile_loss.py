@@ -5,10 +5,8 @@ python bench/profile_loss.py [--kl] [--chunk-rows N]
 
 from __future__ import annotations
 
-import argparse
-
 import torch
-from common import repo_on_path
+from common import help_parser, repo_on_path
 
 repo_on_path()
 
@@ -18,9 +16,11 @@ from trainer.loss import dflash_loss  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--kl", action="store_true")
-    parser.add_argument("--chunk-rows", type=int, default=None)
+    parser = help_parser(__doc__)
+    parser.add_argument("--kl", action="store_true", help="the CE + KL loss (default: CE alone)")
+    parser.add_argument(
+        "--chunk-rows", type=int, default=None, help="rows per chunk (default: the loss's own)"
+    )
     args = parser.parse_args()
     device = torch.device("cuda")
     hidden, target, weight, labels = make_inputs(REAL, device, torch.bfloat16)

@@ -13,7 +13,6 @@ as JSON lines as they finish, so a run cut short keeps what it measured.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
@@ -23,7 +22,7 @@ from typing import Any
 
 import torch
 from bench_attention import SEED, make_inputs
-from common import ANCHOR_TFLOPS, peak_gib, repo_on_path, time_ms
+from common import ANCHOR_TFLOPS, help_parser, peak_gib, repo_on_path, time_ms
 
 repo_on_path()
 
@@ -81,11 +80,11 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = help_parser(__doc__)
     parser.add_argument("--out", required=True, help="append JSON lines here")
     parser.add_argument("--only", help="comma-separated candidate names")
     parser.add_argument("--budget-s", type=float, default=480.0, help="start no candidate after")
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=5, help="timed runs per candidate (median)")
     args = parser.parse_args()
     start = time.monotonic()
     torch._dynamo.config.recompile_limit = 1000

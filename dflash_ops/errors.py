@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dflash_ops.untrusted import last_line
+
 
 class DflashError(Exception):
     """Base of all expected failures. `hint` says what the user should do next."""
@@ -69,9 +71,8 @@ class RemoteCommandFailed(DflashError):
         self.argv = tuple(argv)
         self.exit_code = exit_code
         self.stderr = stderr
-        detail = stderr.strip().splitlines()[-1] if stderr.strip() else "no error output"
         super().__init__(
-            f"{' '.join(self.argv[:3])}… failed on {place} (exit {exit_code}): {detail}",
+            f"{' '.join(self.argv[:3])}… failed on {place} (exit {exit_code}): {last_line(stderr)}",
             hint=hint,
         )
 
@@ -171,12 +172,17 @@ class HostKeyRevoked(ConnectionFailed):
 
 
 class ConnectionDropped(ConnectionFailed):
-    """The server closed the connection during the handshake or authentication."""
+    """The connection went away: the server closed it during the handshake or authentication,
+    or an open connection stopped answering its keepalive probes (`reason` says which)."""
 
     hint = (
         "The SSH server went away mid-handshake (restarted, overloaded: MaxStartups, or a "
         "firewall). Check that sshd runs on the host (ssh -v <host> true), then run again."
     )
+
+    def __init__(self, message: str, *, hint: str | None = None, reason: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.reason = reason or message
 
 
 class NotAnSSHServer(ConnectionFailed):
@@ -196,3 +202,20 @@ class ExportError(DflashError):
     """`dflash export` could not start, the exporter at the place failed, or the stream broke."""
 
     hint = "Check the checkpoint at the place (dflash checkpoints), then run again."
+
+
+class SetupFailed(DflashError):
+    """`dflash setup` could not build the job's venv at the place."""
+
+    hint = "Read pip's lines above, fix what they say, then run dflash setup again."
+
+
+class Interrupted(DflashError):
+    """Ctrl-C (or SIGTERM) stopped a command; the message says what was left at the place."""
+
+
+class JobEndedAtStartUp(DflashError):
+    """The job just started ended with a failure before it was past start-up (its readiness
+    line); the message carries the last lines of its log."""
+
+    hint = "Fix what its log says, then start it again (dflash logs --tail 200 shows more)."

@@ -41,11 +41,18 @@ class Where:
     canary_host: Path = Path("/nonexistent")  # the same file as this machine sees it
     cleanups: list[Callable[[], None]] = field(default_factory=list)
 
-    def config(self, command: str, *, env: dict[str, str] | None = None, extra: str = "") -> None:
+    def config(
+        self,
+        command: str,
+        *,
+        env: dict[str, str] | None = None,
+        extra: str = "",
+        stop_timeout: float = 3,
+    ) -> None:
         env_line = ", ".join(f"{k} = {json.dumps(v)}" for k, v in (env or {}).items())
         text = (
             f"{self.targets}\n[job]\nsocket = {json.dumps(self.socket)}\n"
-            f"command = {json.dumps(command)}\nstop_timeout = 3\n"
+            f"command = {json.dumps(command)}\nstop_timeout = {stop_timeout}\n"
             + (f"env = {{ {env_line} }}\n" if env_line else "")
             + extra
             + "\n[train]\ndemo = true\n"
@@ -96,6 +103,17 @@ def container_defaults(proxmox: Any, ct: int, project: Path) -> tuple[Path, Path
         proxmox.root_dir(ct) / Path(own.remote_root).relative_to("/root"),
         proxmox.workspace_dir(ct) / Path(own.remote_checkpoints).relative_to("/workspace"),
     )
+
+
+def wait_for(path: Path, text: str, timeout: float = 20) -> str:
+    """The text of `path` once `text` is in it (a job's log, as the test's machine sees it)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        content = path.read_text() if path.exists() else ""
+        if text in content:
+            return content
+        time.sleep(0.1)
+    raise AssertionError(f"{text!r} not in {path} in time")
 
 
 def kill_tmux_server(socket: str) -> None:

@@ -8,6 +8,7 @@ import pytest
 pytest_plugins = [
     "tests.fixtures.ssh",  # a real OpenSSH server on 127.0.0.1 and a client home that trusts it
     "tests.fixtures.proxmox",  # a `pct` stand-in whose containers are Linux namespaces
+    "tests.fixtures.netns",  # a link a test can cut: sshd behind a veth pair in namespaces
 ]
 
 

@@ -63,7 +63,6 @@ def make_site(
     lock_wait: float = 0.5,
     stop_timeout: float = 5.0,
     keep: int = KEEP,
-    local: bool = True,
     checkpoints: Path | None = None,
     log: Path | None = None,
 ) -> Site:
@@ -76,7 +75,6 @@ def make_site(
         session="dflash",
         log=str(log or checkpoints / "train_stdout.log"),
         socket=socket,
-        local=local,
         stop_timeout=stop_timeout,
     )
     plan = client.DeployPlan(

@@ -4,12 +4,13 @@
 
 In order: the keys, types and combinations of the config (`trainer.config`: the trainer's own
 validation); the target folder (config.json readable, a supported family, the shape keys the
-drafter copies, `model.target_layers` and `model.init_layers` in range, weights present); the
-data file (readable, its first lines parse with the loader's own parsers — chat and text lines
-also rendered with the target's tokenizer and chat template, as the loader does);
-`eval.prompts` readable. torch is not
-imported for a tokenized or demo config; a chat or text file loads `transformers` for the
-tokenizer.
+drafter copies, `model.target_layers` and `model.init_layers` in range, weights present); for a
+target with linear-attention layers (Qwen3.5), what will run them at the job's device: the
+kernels or the much slower reference (`trainer.linear_attention`); the data file (readable, its
+first lines parse with the loader's own parsers — chat and text lines also rendered with the
+target's tokenizer and chat template, as the loader does); `eval.prompts` readable. torch is
+not imported for a dense target with a tokenized or demo config; a chat or text file loads
+`transformers` for the tokenizer.
 
 Exit 0 prints one `ok:` line per part. Exit 2: the config itself is invalid (an unknown key, a
 bad type): one `error:` line naming the key and a `hint:`. Exit 1: the config is valid but what
@@ -135,21 +136,22 @@ def check_target(config: TrainConfig) -> str:
 
 
 def _check_own_shape(config: TrainConfig, c: dict[str, Any], folder: Path) -> None:
-    """The drafter's own MLP width and key/value heads: a divisor of the target's heads, and
-    the target's own where the drafter starts from the target's layers."""
+    """The drafter's own heads, key/value heads, head dimension and MLP width: key/value heads
+    that divide the heads, and the target's own where the drafter starts from the target's
+    layers."""
     m = config.model
     heads = c["num_attention_heads"]
     target_kv = c.get("num_key_value_heads") or heads
-    if choices := m.kv_head_choices(heads):
-        raise fail(
-            "model.num_kv_heads",
-            f"{m.num_kv_heads} does not divide the {heads} attention heads of {folder}",
-            f"Pick one of {', '.join(map(str, choices))}, or leave model.num_kv_heads unset (the "
-            "target's).",
-        )
+    try:
+        m.attention_heads(heads, target_kv)
+    except TrainConfigError as exc:
+        raise fail(exc.key, f"{_message(exc)} (the target in {folder})", exc.hint) from exc
+    head_dim = c.get("head_dim") or c["hidden_size"] // heads
     own = {
         "model.intermediate_size": (m.intermediate_size, c["intermediate_size"], "an MLP of {}"),
         "model.num_kv_heads": (m.num_kv_heads, target_kv, "{} key/value heads"),
+        "model.num_heads": (m.num_heads, heads, "{} attention heads"),
+        "model.head_dim": (m.head_dim, head_dim, "a head dimension of {}"),
     }
     for key, (value, target_value, what) in own.items():
         if m.init_layers and value not in (None, target_value):
@@ -160,6 +162,20 @@ def _check_own_shape(config: TrainConfig, c: dict[str, Any], folder: Path) -> No
                 f"Leave {key} unset to start from the target's layers, or model.init_layers "
                 "unset to start the drafter's own shape from random weights.",
             )
+
+
+def check_linear_attention(config: TrainConfig) -> str:
+    """The target's linear-attention layers (a hybrid such as Qwen3.5): what will run them at
+    the job's device, kernels or the much slower reference (`trainer.linear_attention`; imports
+    `transformers`' modeling module, and torch, for such a target only)."""
+    from trainer.linear_attention import describe, has_linear_attention
+
+    c = target_config(config)
+    if not has_linear_attention(c):
+        return ""
+    from trainer.runtime import resolve_device
+
+    return describe(c, device_type=resolve_device(config.run.device).type) or ""
 
 
 # ---- the data --------------------------------------------------------------------------------
@@ -308,6 +324,8 @@ def run_checks(
         return True
 
     target_ok = part(lambda: check_target(config))
+    if target_ok:
+        part(lambda: check_linear_attention(config))
     part(lambda: check_data(config, lines=lines, render=target_ok))
     part(lambda: check_eval(config))
     return summary, problems

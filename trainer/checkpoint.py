@@ -3,7 +3,9 @@
 Layout inside the run folder: `step-00000500/{state.pt, manifest.json}`. Writing goes to a
 hidden temp folder (`.tmp-step-…`), every file and the folder are fsynced, then the folder is
 renamed into place and the run folder fsynced: a crash leaves either a complete checkpoint or a
-temp folder that is ignored. The manifest carries the step, the model+data config hash and the
+temp folder that is ignored. Only real folders with exactly those names are the trainer's: a
+link, a file or another `step-…` name in the run folder (`foreign`) is never followed, pruned,
+removed or resumed from, only named. The manifest carries the step, the model+data config hash and the
 settings behind it (to name what differs), the code version and the sha256 of `state.pt`;
 resume takes the newest checkpoint whose manifest parses and whose checksum matches, and says
 which ones it skipped and why.
@@ -73,6 +75,17 @@ class RunFinished(TrainerError):
     hint = (
         "To train longer, raise run.steps and set run.extend = true; to start over, "
         "dflash restart --clean (the checkpoints are archived, not deleted)."
+    )
+
+
+class CheckpointInTheWay(TrainerError):
+    """Something the trainer did not make sits where the next checkpoint must go."""
+
+    exit_code = 1
+
+    hint = (
+        "Move it out of the run folder (it is not touched), then resume: "
+        "dflash restart (python -m trainer.train resumes from the last good checkpoint)."
     )
 
 
@@ -196,6 +209,12 @@ def _save(
 ) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     final = run_dir / f"step-{step:08d}"
+    for path in (final, tmp):
+        why = _not_ours(path) if os.path.lexists(path) else ""
+        if why:
+            raise CheckpointInTheWay(
+                f"cannot write checkpoint step {step}: {path} is {why} the trainer did not make"
+            )
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     with open(tmp / STATE, "wb") as fh:
@@ -218,7 +237,7 @@ def _save(
         fh.flush()
         os.fsync(fh.fileno())
     _fsync_dir(tmp)
-    if final.exists():  # a re-run of the same step replaces it
+    if final.is_dir():  # a re-run of the same step replaces it (a real folder: `_not_ours`)
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync_dir(run_dir)
@@ -227,25 +246,49 @@ def _save(
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete-looking checkpoint folders, oldest first (temp folders never match)."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return []
-    found = [
-        (int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := _NAME.match(p.name))
-    ]
+    """Complete-looking checkpoint folders, oldest first (temp folders and `foreign` entries
+    never match)."""
+    found = [(int(p.name[5:]), p) for p in _entries(run_dir, _NAME)]
     return sorted(found)
 
 
 def remove_stale_temps(run_dir: str | Path) -> list[Path]:
-    """Delete temp folders left by an interrupted write (only `.tmp-step-*` inside run_dir)."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return []
-    stale = [p for p in run_dir.iterdir() if p.is_dir() and _TMP.match(p.name)]
+    """Delete temp folders left by an interrupted write (only real `.tmp-step-*` folders)."""
+    stale = _entries(run_dir, _TMP)
     for path in stale:
         shutil.rmtree(path)
     return stale
+
+
+def foreign(run_dir: str | Path) -> list[tuple[Path, str]]:
+    """Entries named like the trainer's (`step-…`, `.tmp-step-…`) that it did not make, by
+    name, with what each is: a link, a file, a folder named otherwise. Everything here leaves
+    them alone; the trainer's log names them."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    named = [p for p in run_dir.iterdir() if p.name.startswith(("step-", ".tmp-step-"))]
+    return [(p, why) for p in sorted(named) if (why := _not_ours(p))]
+
+
+def _entries(run_dir: str | Path, pattern: re.Pattern[str]) -> list[Path]:
+    """The real folders (never a link) of `run_dir` whose names match `pattern`."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    return [p for p in run_dir.iterdir() if pattern.match(p.name) and not _not_ours(p)]
+
+
+def _not_ours(path: Path) -> str:
+    """What `path` is when the trainer cannot have made it ("" when it can): its checkpoints and
+    temp folders are real folders, never links."""
+    if path.is_symlink():
+        return f"a symbolic link (to {os.readlink(path)})"
+    if not path.is_dir():
+        return "not a folder"
+    if not (_NAME.match(path.name) or _TMP.match(path.name)):
+        return "a folder not named step-NNNNNNNN"
+    return ""
 
 
 def prune(run_dir: Path, *, keep_last: int) -> None:

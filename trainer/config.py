@@ -37,6 +37,8 @@ class ModelConfig:
     num_layers: int = 5  # drafter decoder layers
     intermediate_size: int | None = None  # the drafter's MLP width; None: the target's
     num_kv_heads: int | None = None  # the drafter's key/value heads; None: the target's
+    num_heads: int | None = None  # the drafter's attention (query) heads; None: the target's
+    head_dim: int | None = None  # the drafter's head dimension; None: the target's
     block_size: int = 16  # B: [x_p, MASK × (B−1)]
     mask_token_id: int | None = None  # None: the target config's pad_token_id, else vocab_size − 1
     target_layers: list[int] | None = None  # 0-based decoder layers; None: spread from 1 to L−3
@@ -53,8 +55,9 @@ class ModelConfig:
         _positive("model.num_layers", self.num_layers)
         if self.intermediate_size is not None:
             _positive("model.intermediate_size", self.intermediate_size)
-        if self.num_kv_heads is not None:
-            _positive("model.num_kv_heads", self.num_kv_heads)
+        for key in ("num_kv_heads", "num_heads", "head_dim"):
+            if getattr(self, key) is not None:
+                _positive(f"model.{key}", getattr(self, key))
         starts = self.init_layers
         if starts is not None and (len(starts) != self.num_layers or min(starts) < 0):
             raise TrainConfigError(
@@ -89,6 +92,28 @@ class ModelConfig:
             raise TrainConfigError(
                 "model.sliding_window", "set it when model.sliding_layers is set"
             )
+
+    def attention_heads(self, target_heads: int, target_kv_heads: int) -> tuple[int, int]:
+        """The drafter's (query heads, key/value heads): `num_heads` and `num_kv_heads` where
+        set, else the target's; key/value heads that do not divide the heads are refused with
+        the choices, naming the key to change."""
+        heads = self.num_heads or target_heads
+        whose = "the drafter's" if self.num_heads else "the target's"
+        if choices := self.kv_head_choices(heads):
+            raise TrainConfigError(
+                "model.num_kv_heads",
+                f"{self.num_kv_heads} does not divide {whose} {heads} attention heads: pick one "
+                f"of {', '.join(map(str, choices))}, or leave it unset (the target's)",
+            )
+        kv_heads = self.num_kv_heads or target_kv_heads
+        if heads % kv_heads:
+            divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+            raise TrainConfigError(
+                "model.num_kv_heads",
+                f"the target's {kv_heads} key/value heads do not divide model.num_heads = {heads}: "
+                f"set model.num_kv_heads to one of {', '.join(map(str, divisors))}",
+            )
+        return heads, kv_heads
 
     def kv_head_choices(self, heads: int) -> list[int]:
         """The key/value head counts a drafter of `heads` attention heads may have, when
@@ -197,7 +222,8 @@ class RunConfig:
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:N"
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
     compile: bool | None = None  # compile the drafter's layers; None: on CUDA only
-    compile_target: bool | None = None  # compile the target's training forward; None: on CUDA
+    # compile the target's training forward; None: on CUDA, but for linear-attention targets
+    compile_target: bool | None = None
     # FlexAttention kernels: "auto" (tiles by the GPU's shared memory), "large", "small" (~100 KiB
     # GPUs), "flash" (the CuTe-DSL backend of flash-attn-4, Hopper and newer, when installed)
     attention_kernels: str = "auto"
@@ -210,9 +236,14 @@ class RunConfig:
         """Whether the drafter's layers are compiled on `device` (a torch.device)."""
         return device.type == "cuda" if self.compile is None else self.compile
 
-    def compiles_target_on(self, device: Any) -> bool:
-        """Whether the target's training forward is compiled on `device` (a torch.device)."""
-        return device.type == "cuda" if self.compile_target is None else self.compile_target
+    def compiles_target_on(self, device: Any, *, linear_attention: bool = False) -> bool:
+        """Whether the target's training forward is compiled on `device` (a torch.device).
+        Unset: on CUDA, except for a target with linear-attention layers, whose reference
+        implementation compiles to a graph unrolled over its sequence (`trainer.linear_attention`).
+        """
+        if self.compile_target is not None:
+            return self.compile_target
+        return device.type == "cuda" and not linear_attention
 
     def __post_init__(self) -> None:
         _positive("run.steps", self.steps)
@@ -395,6 +426,8 @@ _ADDED_LATER: dict[str, Any] = {
     "data.system_prompt": "",
     "model.intermediate_size": None,
     "model.num_kv_heads": None,
+    "model.num_heads": None,
+    "model.head_dim": None,
 }
 # Keys that only choose the weights of step 0: a resumed run may change them.
 _STARTING_WEIGHTS = ("model.init_layers",)

@@ -6,11 +6,13 @@ as TensorBoard scalars into `<out>/tensorboard/` so that a user can watch them:
     tensorboard --logdir <out>/tensorboard
 
 Written only when the `tensorboard` package is installed (`pip install 'dflash[tensorboard]'`)
-and `run.tensorboard` is on; otherwise nothing happens and nothing is said. The event file opens
-at the first row with a purge marker at that row's step (what `SummaryWriter(purge_step=)`
-writes), so a resumed run replaces the points logged after its checkpoint instead of drawing them
-twice; every row is flushed at once (rows come every `run.log_every` steps, and a killed run keeps
-what it drew).
+and `run.tensorboard` is on; otherwise nothing happens and nothing is said. The curves follow
+the rule of `metrics.jsonl` (`trainer.metrics`): one series. The event file opens at the first
+row with a purge marker at the step after the one the run started from (what
+`SummaryWriter(purge_step=)` writes), so a run resumed from its checkpoint at step S hides every
+point an earlier start drew after S, whether or not it logs those steps again, and a start from
+scratch (whose earlier curves are set aside with its rows) begins clean; every row is flushed at
+once (rows come every `run.log_every` steps, and a killed run keeps what it drew).
 
 The events are written in the caller's thread with tensorboard's `RecordWriter`, not through
 `SummaryWriter`'s writer thread: a full disk then raises here, where it is caught — the curves
@@ -51,6 +53,7 @@ PROBE = {
 def available() -> bool:
     """Whether the tensorboard package (its event protos and record writer) can be imported."""
     try:
+        import tensorboard  # noqa: F401  (a probe: the trainer runs without it)
         from tensorboard.summary.writer.record_writer import RecordWriter  # noqa: F401
     except ImportError:
         return False
@@ -89,11 +92,13 @@ def _number(value: object) -> bool:
 
 
 class TrainingCurves:
-    """TensorBoard scalars of the metrics rows of one run folder."""
+    """TensorBoard scalars of the metrics rows of one run folder, for a run that started from
+    step `start` (its checkpoint's; 0 from scratch)."""
 
-    def __init__(self, out_dir: str | Path, *, enabled: bool = True) -> None:
+    def __init__(self, out_dir: str | Path, *, enabled: bool = True, start: int = 0) -> None:
         self.folder = Path(out_dir) / FOLDER
         self.enabled = enabled and available()
+        self.start = start
         self._file: EventFile | None = None
 
     def write(self, row: Mapping[str, Any]) -> None:
@@ -102,7 +107,7 @@ class TrainingCurves:
         step = int(row["step"])
         try:
             if self._file is None:
-                self._file = EventFile(self.folder, purge_step=step)
+                self._file = EventFile(self.folder, purge_step=self.start + 1)
             for tag, value in scalars(row):
                 self._file.scalar(tag, value, step)
             self._file.flush()

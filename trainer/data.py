@@ -316,7 +316,7 @@ def repeat_note(epoch: int, num_samples: int) -> str:
     """The log line when the stream starts pass `epoch` (0-based) over the data: the advice
     once, at the first repeat; a short line at every later pass. Repeats alone are no harm (a
     few epochs over well-chosen prompts did no worse than one over more, other text:
-    docs/benchmarks.md): the probe's two τ tell when they start to be."""
+    bench/results/eval-one-epoch/): the probe's two τ tell when they start to be."""
     if epoch > 1:
         return f"epoch {epoch + 1} begins ({num_samples:,} samples per epoch)"
     return (

@@ -23,6 +23,7 @@ import torch
 
 from trainer.config import TrainConfig
 from trainer.data import Batch, BatchStream, DataPosition, load_data, repeat_note, split_holdout
+from trainer.linear_attention import describe as describe_linear_attention
 from trainer.model import Drafter
 from trainer.pipeline import DrafterWorker, Features, StepResult, TargetWorker
 from trainer.probe import ProbeReport, TauProbe
@@ -74,6 +75,9 @@ class FeatureSource(Protocol):
 
     def target_layers(self) -> list[int]: ...
 
+    def target_compiled(self) -> bool:
+        """Whether the target's forward that feeds this run is compiled (`run.compile_target`)."""
+
     def prepare(self, worker: DrafterWorker) -> None:
         """After the worker's state is loaded, before the first step (e.g. DDP)."""
 
@@ -121,6 +125,8 @@ class LocalTarget:
         self.device = device
         self.emit = emit
         self.target = load_configured_target(config, device)
+        if line := describe_linear_attention(self.target.config, device_type=device.type):
+            emit(line)
         self.worker = TargetWorker.for_run(self.target, config)
         samples = load_data(config, out_dir, emit=emit)
         samples, held_out = split_holdout(samples, config.data.holdout)
@@ -142,6 +148,9 @@ class LocalTarget:
 
     def target_layers(self) -> list[int]:
         return list(self.target.layers)
+
+    def target_compiled(self) -> bool:
+        return self.worker.compiled
 
     def prepare(self, worker: DrafterWorker) -> None:
         pass

@@ -1,6 +1,13 @@
-"""`metrics.jsonl` on disk (whole-row appends, trimming on resume), the per-rank counters of a
-split run, and the fields drafter rank 0 adds from them to the rows (written by
-`trainer.trainer`).
+"""`metrics.jsonl` on disk (whole-row appends, trimming on resume, a clean start from scratch),
+the per-rank counters of a split run, and the fields drafter rank 0 adds from them to the rows
+(written by `trainer.trainer`).
+
+A run folder's rows read as one series, strictly increasing in step: a resumed run cuts the
+rows past its checkpoint (they come again) and any torn line (`truncate_rows`); a start from
+scratch finds no rows to continue, so what an earlier start left there (killed before its first
+checkpoint) is moved into `set-aside/<UTC time>/` (`set_aside`), never appended to, never
+deleted. `dflash status` shows the last whole row, and TensorBoard draws the same steps
+(`trainer.curves`).
 
 Every rank publishes its cumulative counters as JSON under `stats/<rank>` in the control store
 (at most every 0.2 s); drafter rank 0 reads all of them at each logged step and turns the deltas
@@ -30,12 +37,14 @@ import json
 import os
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 METRICS = "metrics.jsonl"
+ASIDE = "set-aside"  # what a start from scratch found of an earlier start: ASIDE/<UTC time>/
 GIB = 1024**3
 
 
@@ -184,15 +193,10 @@ def truncate_rows(path: Path, step: int) -> Trimmed:
     for n, line in enumerate(path.read_bytes().split(b"\n"), 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-            row_step = row["step"] if isinstance(row, dict) else None
-            if not isinstance(row_step, int):
-                raise ValueError("no integer step")
-        except (ValueError, KeyError) as exc:
-            torn.append(f"line {n}: {type(exc).__name__}")
-            continue
-        if row_step <= step:
+        found, why = _row_step(line)
+        if found is None:
+            torn.append(f"line {n}: {why}")
+        elif found <= step:
             keep.append(line + b"\n")
         else:
             dropped += 1
@@ -203,3 +207,39 @@ def truncate_rows(path: Path, step: int) -> Trimmed:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     return Trimmed(len(keep), dropped, torn)
+
+
+def set_aside(out_dir: Path, names: Sequence[str]) -> Path | None:
+    """Move the entries `names` of `out_dir` that exist (and are not empty) into a new
+    `set-aside/<UTC time>/`; the folder, or None when there was nothing to move. Renames only:
+    nothing is copied or deleted (an empty file is removed: it holds no row)."""
+    found = []
+    for name in names:
+        path = out_dir / name
+        if path.is_file() and path.stat().st_size == 0:
+            path.unlink()
+        elif path.exists():
+            found.append(path)
+    if not found:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest, n = out_dir / ASIDE / stamp, 1
+    while dest.exists():  # two clean starts within a second
+        n += 1
+        dest = out_dir / ASIDE / f"{stamp}-{n}"
+    dest.mkdir(parents=True)
+    for path in found:
+        os.rename(path, dest / path.name)
+    return dest
+
+
+def _row_step(line: bytes) -> tuple[int | None, str]:
+    """(the step of a whole metrics row, "") or (None, why the line is not one)."""
+    try:
+        row = json.loads(line)
+    except ValueError as exc:  # torn JSON, bytes that are not UTF-8
+        return None, type(exc).__name__
+    step = row.get("step") if isinstance(row, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):
+        return None, "no integer step"
+    return step, ""

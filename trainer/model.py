@@ -95,24 +95,22 @@ class DrafterShape:
 _OWN_SHAPE = {
     "model.intermediate_size": (".mlp.",),
     "model.num_kv_heads": (".self_attn.k_proj.", ".self_attn.v_proj."),
+    "model.num_heads": (".self_attn.q_proj.", ".self_attn.o_proj."),
+    "model.head_dim": (".self_attn.",),
 }
 
 
 def shape_from_target(target_config: Any, model: ModelConfig, *, num_features: int) -> DrafterShape:
-    """Take the layer shape, rope and bias from a `transformers` config, the MLP width and
-    key/value heads from `model` where set; a target the served drafter cannot follow raises
-    `UnsupportedTarget` (`check_target_supported`), key/value heads that do not divide the
-    heads `TrainConfigError`."""
+    """Take the layer shape, rope and bias from a `transformers` config, the MLP width, the
+    heads, key/value heads and head dimension from `model` where set; a target the served
+    drafter cannot follow raises `UnsupportedTarget` (`check_target_supported`), key/value
+    heads that do not divide the heads `TrainConfigError`."""
     c = decoder_config(target_config)
     check_target_supported(c)
-    heads = int(c.num_attention_heads)
-    if choices := model.kv_head_choices(heads):
-        raise TrainConfigError(
-            "model.num_kv_heads",
-            f"{model.num_kv_heads} does not divide the target's {heads} attention heads: pick one "
-            f"of {', '.join(map(str, choices))}, or leave it unset (the target's)",
-        )
-    kv_heads = model.num_kv_heads or int(getattr(c, "num_key_value_heads", None) or heads)
+    target_heads = int(c.num_attention_heads)
+    target_kv = int(getattr(c, "num_key_value_heads", None) or target_heads)
+    heads, kv_heads = model.attention_heads(target_heads, target_kv)
+    head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // target_heads)
     vocab = int(c.vocab_size)
     mask_id = model.mask_token_id
     if mask_id is None:
@@ -122,7 +120,7 @@ def shape_from_target(target_config: Any, model: ModelConfig, *, num_features: i
         hidden_size=int(c.hidden_size),
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads),
+        head_dim=model.head_dim or head_dim,
         intermediate_size=model.intermediate_size or int(c.intermediate_size),
         rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
         rope=rope_from_target(c),

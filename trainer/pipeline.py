@@ -27,6 +27,7 @@ from trainer.attention import compile_errors_as_typed, fail_instead_of_eager_fal
 from trainer.config import LossConfig, OptimConfig, TrainConfig
 from trainer.data import Batch, uniform_noise
 from trainer.errors import TargetCompileFailed, TrainerError
+from trainer.linear_attention import has_linear_attention
 from trainer.loss import LossNorms, LossOutput, dflash_loss, loss_norms
 from trainer.micro_batches import combine, part_rows
 from trainer.model import Drafter, DrafterShape, shape_from_target
@@ -93,8 +94,12 @@ class TargetWorker:
 
     @classmethod
     def for_run(cls, target: Target, config: TrainConfig) -> TargetWorker:
-        """The worker a training run uses: compiled where `run.compile_target` says so."""
-        return cls(target, compiled=config.run.compiles_target_on(target.device))
+        """The worker a training run uses: compiled where `run.compile_target` says so (unset:
+        not for a target with linear-attention layers, `trainer.linear_attention`)."""
+        linear = has_linear_attention(target.config)
+        return cls(
+            target, compiled=config.run.compiles_target_on(target.device, linear_attention=linear)
+        )
 
     def _target_forward(self, input_ids: Tensor) -> TargetOutput:
         dynamo = torch._dynamo.exc  # its compile errors: raised by the compiled forward only

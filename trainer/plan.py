@@ -9,8 +9,10 @@ configured data (sequence buckets, anchors, batch size):
   → r_drafter tokens/s on one device (the second GPU when there is one, else the same device).
 A split of G GPUs into T targets and D = G − T drafters cannot train faster than its slower side,
 so its predicted rate is min(T·r_target, D·r_drafter); the colocated rate of one GPU running both
-is 1 / (1/r_target + 1/r_drafter). The first steps (compiles, allocator warm-up), and one step
-of every batch shape the timed steps meet, are not timed.
+is 1 / (1/r_target + 1/r_drafter). On a GPU it also reports the peak memory of a rank of each
+role (the drafter's without the target's weights where both ran on one device). The first
+steps (compiles, allocator warm-up), and one step of every batch shape the timed steps meet, are
+not timed.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ class Rates:
     drafter_s_per_batch: float
     target_device: str
     drafter_device: str
+    # peak GPU memory of a rank of each role (None on the CPU): the target's forward with its
+    # weights; the drafter's step with its weights, optimizer and features, without the target
+    target_peak_gib: float | None = None
+    drafter_peak_gib: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,10 +140,12 @@ def measure_rates(
 
     warm = [producer.produce(b) for b in untimed]  # also the drafter's warm-up steps
     _sync(tdev)
+    _reset_peak(tdev)
     start = time.perf_counter()
     features = [producer.produce(b) for b in timed]
     _sync(tdev)
     t_target = (time.perf_counter() - start) / steps
+    target_peak = _peak_gib(tdev)
 
     torch.manual_seed(config.run.seed)
     worker = DrafterWorker.for_target(target, config, drafter_device)
@@ -146,11 +154,15 @@ def measure_rates(
     moved = [f.to(drafter_device) for f in features]
     del warm, features
     _sync(drafter_device)
+    _reset_peak(drafter_device)
     start = time.perf_counter()
     for i, f in enumerate(moved, start=len(untimed)):
         worker.train_step(f, i)
     _sync(drafter_device)
     t_drafter = (time.perf_counter() - start) / steps
+    drafter_peak = _peak_gib(drafter_device)
+    if drafter_peak is not None and drafter_device == tdev:  # the target's weights are not its
+        drafter_peak -= sum(p.nbytes for p in target.model.parameters()) / _GIB
     return Rates(
         r_target=tokens / t_target,
         r_drafter=tokens / t_drafter,
@@ -159,7 +171,21 @@ def measure_rates(
         drafter_s_per_batch=t_drafter,
         target_device=str(tdev),
         drafter_device=str(drafter_device),
+        target_peak_gib=target_peak,
+        drafter_peak_gib=drafter_peak,
     )
+
+
+_GIB = float(1 << 30)
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / _GIB if device.type == "cuda" else None
 
 
 def report(rates: Rates, gpus: int) -> dict:
@@ -187,6 +213,7 @@ def format_report(r: dict) -> str:
         f"drafter alone: {rt['r_drafter']:,.0f} tok/s ({1e3 * rt['drafter_s_per_batch']:.1f} ms "
         f"per batch, {rt['drafter_device']})",
         f"one GPU colocated: {r['colocated_tokens_per_s']:,.0f} tok/s",
+        *_memory_lines(rt),
         "",
         f"{'targets':>7} {'drafters':>8} {'tok/s':>12}  bound by",
     ]
@@ -204,6 +231,15 @@ def format_report(r: dict) -> str:
     if not r["splits"]:
         lines.append("(one GPU: colocated only)")
     return "\n".join(lines)
+
+
+def _memory_lines(rates: dict) -> list[str]:
+    """The memory a rank of each role peaked at, where measured on a GPU."""
+    t, d = rates.get("target_peak_gib"), rates.get("drafter_peak_gib")
+    if t is None and d is None:
+        return []
+    shown = [f"{role} {v:.1f} GiB" for role, v in (("target", t), ("drafter", d)) if v is not None]
+    return [f"memory per rank (peak): {', '.join(shown)}"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ from trainer.data import DataPosition
 from trainer.distributed import DRAFTER, PeerFailed, Session
 from trainer.exchange import STARTING, Claim, DrafterEndpoint, share_frozen
 from trainer.features import StepSummary
+from trainer.linear_attention import has_linear_attention
 from trainer.metrics import RankStats, RoleMetrics
 from trainer.model import Drafter, shape_from_target
 from trainer.pipeline import DrafterWorker, Features, StepResult
@@ -102,6 +103,10 @@ class TargetRanks:
 
     def target_layers(self) -> list[int]:
         return list(self.meta["layers"])
+
+    def target_compiled(self) -> bool:
+        linear = has_linear_attention(self.meta["config"])
+        return self.config.run.compiles_target_on(self.device, linear_attention=linear)
 
     def prepare(self, worker: DrafterWorker) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP

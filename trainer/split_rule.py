@@ -5,11 +5,11 @@ One rule for everything that needs a default: the trainer when `DFLASH_TARGET_GP
 split it measured). Plain arithmetic without torch, so that `dflash_ops` can import it.
 
 Why half: a split of T targets and D = G − T drafters trains at min(T·r_target, D·r_drafter)
-(`trainer.plan.predict`). Measured on H200s with a Qwen3-8B-shaped target (docs/benchmarks.md,
-"Target/drafter split"): r_target 30,156 and r_drafter 24,982 tok/s, so the two sides are close
-and the best T is near G·r_d/(r_t + r_d) ≈ 0.45·G. ⌊G/2⌋ (the target, the faster side, gets the
-smaller half of an odd G) predicts the best rate for G ≤ 11 and every odd G, and stays within
-6 % of it up to G = 16, where ≈ 0.6·G loses up to a third. `dflash plan` measures the best split for a model.
+(`trainer.plan.predict`), so the best T is near G·r_d/(r_t + r_d). The two rates measured on
+H200s with a Qwen3-8B-shaped target are close (bench/results/split/), which puts the best T a
+little under G/2: ⌊G/2⌋ (the target, the faster side, gets the smaller half of an odd G) is the
+best or near it at those rates, where the ≈ 0.6·G it replaced was far off
+(tests/trainer/test_plan.py checks both). `dflash plan` measures the best split for a model.
 """
 
 from __future__ import annotations

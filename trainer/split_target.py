@@ -29,6 +29,7 @@ from trainer.data import (
 )
 from trainer.distributed import TARGET, Session
 from trainer.exchange import STARTING, TargetEndpoint, share_frozen
+from trainer.linear_attention import describe as describe_linear_attention
 from trainer.metrics import RankStats
 from trainer.model import Drafter, shape_from_target
 from trainer.pipeline import TargetWorker
@@ -53,6 +54,9 @@ def serve_features(
     roles, store = session.roles, session.store
     torch.manual_seed(config.run.seed)
     target = loader(config, session.device)
+    line = describe_linear_attention(target.config, device_type=session.device.type)
+    if roles.rank == 0 and line:
+        emit(f"{roles.describe()} {line}")
     samples, held_out = split_holdout(load_data(config, out_dir, emit=emit), config.data.holdout)
     stream = BatchStream(
         samples, config.data, block_size=config.model.block_size, seed=config.run.seed

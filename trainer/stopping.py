@@ -36,6 +36,17 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
+# The line a run logs when its loop begins, past loading the target and the data: `dflash
+# deploy` (and restart) waits for it to say the job is past start-up (this module is torch-free,
+# so the operator's side imports the words from here).
+STARTED = "started training at step"
+
+
+def started_line(step: int, steps: int) -> str:
+    """`started training at step 0 of 1000`: the readiness line of a run."""
+    return f"{STARTED} {step} of {steps}"
+
+
 # Where `python -m trainer.launcher` (torchrun that exits 0 after a graceful stop) wants the
 # stopping rank to write its "stopped" record; unset outside that launcher.
 RECORD_ENV = "DFLASH_STOP_RECORD"

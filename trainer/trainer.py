@@ -28,16 +28,17 @@ from typing import Any
 import torch
 
 from trainer import checkpoint as ckpt
+from trainer import curves
 from trainer.config import TrainConfig
 from trainer.curves import TrainingCurves
 from trainer.data import DataPosition
 from trainer.features import FeatureSource, LocalTarget, StepSummary
-from trainer.metrics import METRICS, append_row, truncate_rows
+from trainer.metrics import METRICS, append_row, set_aside, truncate_rows
 from trainer.pipeline import DrafterWorker, StepResult, compile_note, lr_at
 from trainer.probe import ProbeReport
 from trainer.profiling import ProfileReport, StepProfiler
 from trainer.runtime import resolve_demo, resolve_device
-from trainer.stopping import StopRequest, write_record
+from trainer.stopping import StopRequest, started_line, write_record
 
 log = logging.getLogger("trainer")
 __all__ = ["Trainer", "resolve_demo", "resolve_device"]
@@ -99,6 +100,7 @@ class Trainer:
             force_resume,
             finished_ok=source is not None and source.collective,
         )
+        self._foreign = {path for path, _ in ckpt.foreign(self.out_dir)}  # named just now
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         if source is None:
@@ -112,13 +114,13 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)  # the drafter's initial weights: the same in every run
         self.drafter_worker = source.drafter_worker(cfg)
         self.emit(self.drafter_worker.drafter.describe())
-        note = compile_note(
-            drafter=self.drafter_worker.compiled, target=cfg.run.compiles_target_on(self.device)
-        )
+        note = compile_note(drafter=self.drafter_worker.compiled, target=source.target_compiled())
         if note:
             self.emit(note)
         if state is not None and found.path is not None:
             self._resume(state, found.path, changes)
+        elif self.lead:
+            start_clean(self.out_dir, self.emit)
         self._resolved = resolved_values(
             cfg,
             target_layers=source.target_layers(),
@@ -127,7 +129,9 @@ class Trainer:
         )
         source.prepare(self.drafter_worker)
         self.last_probe: ProbeReport | None = None
-        self.curves = TrainingCurves(self.out_dir, enabled=cfg.run.tensorboard and self.lead)
+        self.curves = TrainingCurves(
+            self.out_dir, enabled=cfg.run.tensorboard and self.lead, start=self.step
+        )
         self.rate = Rate()
         self.profiler = self._profiler()
         self.summary: dict[str, Any] = {}
@@ -170,6 +174,7 @@ class Trainer:
             resolved=self.resolved(),
         )
         self.emit(f"checkpoint {path.name}")
+        warn_foreign(self.out_dir, self.emit, self._foreign)
         self.rate.exclude(time.perf_counter() - began)
         return path
 
@@ -181,6 +186,7 @@ class Trainer:
         results: list[StepResult] = []
         if self.stop is not None:
             self.stop.begin()
+        self.emit(started_line(self.step, until))
         self.rate = Rate()
         profiler = self.profiler
         while self.step < until:
@@ -321,6 +327,7 @@ def find_checkpoint(
     settings differ, if its lr schedule differs without `run.extend`, or if the run is already
     finished) and the schedule changes to apply. `finished_ok`: a finished run is said and
     resumed at its end, so it trains no step (every rank of a split run then ends normally)."""
+    warn_foreign(out_dir, emit, set())
     for path in ckpt.remove_stale_temps(out_dir):
         emit(f"removed {path.name}: an interrupted checkpoint write")
     found = ckpt.find_resumable(out_dir)
@@ -340,11 +347,32 @@ def find_checkpoint(
         return found, []
 
 
+def warn_foreign(out_dir: Path, emit: Callable[[str], None], named: set[Path]) -> None:
+    """Name each entry of the run folder that looks like a checkpoint but is not the trainer's
+    (`ckpt.foreign`), once: it is left alone, and the operator should know why."""
+    for path, what in ckpt.foreign(out_dir):
+        if path not in named:
+            named.add(path)
+            emit(f"warning: left alone {path.name}: {what} the trainer did not make")
+
+
 def trim_metrics(out_dir: Path, step: int, emit: Callable[[str], None]) -> None:
     """Drop the metrics rows after the resumed step; say when a torn line was cut."""
     trimmed = truncate_rows(out_dir / METRICS, step)
     for why in trimmed.torn:
         emit(f"{METRICS}: cut an unreadable {why} (a write cut short, e.g. by a full disk)")
+
+
+def start_clean(out_dir: Path, emit: Callable[[str], None]) -> None:
+    """A start from scratch begins a new series: the rows and curves an earlier start left
+    (killed before its first checkpoint, so there is nothing to resume) are set aside, never
+    continued (the steps would start over in the same file) nor deleted."""
+    moved = set_aside(out_dir, (METRICS, curves.FOLDER))
+    if moved is not None:
+        emit(
+            f"no checkpoint to resume: {METRICS} and the curves of an earlier start moved to "
+            f"{moved}"
+        )
 
 
 def apply_schedule(

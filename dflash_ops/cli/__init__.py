@@ -2,6 +2,7 @@
 
     dflash init [--host H [--ct N]] [--model PATH] [--force]
     dflash doctor [--host H [--ct N] | --target NAME] [--json] [--no-gpu-smoke]
+    dflash setup                 (build the job's venv at the place: [venv] of deploy.toml)
     dflash deploy [--host H [--ct N] | --target NAME] [--resume]
     dflash logs [--follow] [--tail N]
     dflash status [--json]
@@ -43,11 +44,12 @@ from dflash_ops.cli import (
     output,
     plan,
     releases,
+    setup,
     status,
 )
 from dflash_ops.cli.context import Globals
 from dflash_ops.cli.options import ConfigOption, VerboseOption
-from dflash_ops.errors import DflashError
+from dflash_ops.errors import DflashError, Interrupted
 
 app = typer.Typer(
     name="dflash",
@@ -60,6 +62,7 @@ app = typer.Typer(
 for group in (
     init,
     doctor,
+    setup,
     deploy,
     logs,
     status,
@@ -143,6 +146,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     try:
         app(args=args, prog_name="dflash")
+    except Interrupted as exc:  # what was left at the place, said as it is
+        output.info(str(exc))
+        output.hint(exc.hint)
+        sys.exit(130)
     except DflashError as exc:
         output.error(exc)
         sys.exit(1)

@@ -60,6 +60,8 @@ def checkpoints(
     say(f"[bold]archived runs[/bold]: {len(listing.archived)}")
     if listing.archived:
         say(_archived_table(listing.archived))
+    for message in listing.foreign:
+        output.warn(message)
 
 
 def _count(n: int) -> str:

@@ -72,6 +72,8 @@ def workspace(ctx: typer.Context, where: TargetChoice) -> Iterator[Workspace]:
         flags=where.flags,
         accept_new_host_key=where.accept_new_host_key,
     )
+    if where.flags.selects and ws.target.note:  # said once, when the flags are typed
+        output.info(f"note: {ws.target.note}")
     try:
         yield ws
     finally:

@@ -10,6 +10,7 @@ from dflash_ops.cli import output
 from dflash_ops.cli.context import never_deployed_hint, workspace
 from dflash_ops.cli.options import (
     ForceOption,
+    NoWaitOption,
     TargetChoice,
     with_target,
 )
@@ -47,7 +48,9 @@ def stop(
       dflash stop --no-save
     """
     with workspace(ctx, where) as ws:
-        final = operations.stop(ws, force=force, save=not no_save, say=output.warn)
+        final = operations.stop(
+            ws, force=force, save=not no_save, say=output.warn, progress=output.info
+        )
         hint = None if final is not None or ws.deployed_here else never_deployed_hint(ws)
     place = ws.target.describe()
     if hint is not None:
@@ -55,6 +58,11 @@ def stop(
         output.hint(hint)
     elif final is None:
         output.info(f"No job session {ws.config.job.session!r} on {place}: nothing to stop.")
+    elif final.exit_code is None:
+        output.success(
+            f"Job {final.session!r} on {place} was stopped and its session closed (tmux had not "
+            "recorded its exit status yet)."
+        )
     else:
         output.success(
             f"Job {final.session!r} on {place} has ended (exit {final.exit_code}); session closed."
@@ -72,11 +80,13 @@ def restart(
     *,
     where: TargetChoice,
     force: ForceOption = False,
+    no_wait: NoWaitOption = False,
 ) -> None:
     """Stop the job and start it again on the current release.
 
     Without --clean the trainer resumes from its newest checkpoint; with --clean the
     checkpoints are moved into <checkpoints>/archive/<time>/ first (nothing is deleted).
+    Then it waits until the job is past start-up, as deploy does (--no-wait: not).
 
     \b
     Examples:
@@ -84,7 +94,24 @@ def restart(
       dflash restart --clean
     """
     with workspace(ctx, where) as ws:
-        report = operations.restart(ws, clean=clean, force=force, say=output.warn)
+        report = operations.restart(
+            ws,
+            clean=clean,
+            force=force,
+            say=output.warn,
+            progress=output.info,
+            wait=not no_wait,
+        )
+    if report.cleaned:
+        output.info(
+            f"Removed unfinished releases of interrupted deploys: {', '.join(report.cleaned)}"
+        )
     if report.archived:
         output.info(f"Archived the checkpoints into {report.archived}.")
-    output.success(f"Restarted job {report.started.session!r} on release {report.release}.")
+    waited = ws.config.job.start_wait
+    output.success(
+        f"Restarted on release {report.release}; "
+        f"{output.started(report.started, report.startup, waited=waited)}."
+    )
+    output.startup_lines(report.startup)
+    output.went_on("restart", report.release, interrupted=report.interrupted)

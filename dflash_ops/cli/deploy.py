@@ -10,6 +10,7 @@ from dflash_ops.cli import output
 from dflash_ops.cli.context import command, not_on_path, shared_root_notice, workspace
 from dflash_ops.cli.options import (
     ForceOption,
+    NoWaitOption,
     TargetChoice,
     with_target,
 )
@@ -25,6 +26,7 @@ def deploy(
     *,
     where: TargetChoice,
     force: ForceOption = False,
+    no_wait: NoWaitOption = False,
     resume: Annotated[
         bool,
         typer.Option(
@@ -43,9 +45,13 @@ def deploy(
     """Ship trainer/ to the target and (re)start the job there.
 
     Builds a release (trainer/, the [train] settings, a launch script), sends it as one tar
-    stream into <root>/releases/<id>, switches <root>/current to it, keeps the last 5,
-    stops the running job, archives the old checkpoints (unless --resume) and starts the job
-    in tmux. The target is remembered for the next commands run from this folder.
+    stream into <root>/releases/<id>, stops the running job, switches <root>/current to the
+    release, keeps the last 5, archives the old checkpoints (unless --resume) and starts the
+    job in tmux, then waits until it is past start-up (the trainer's "started training" line, at
+    most [job] start_wait seconds): a job that ended there fails the deploy with its log's last
+    lines. The target is remembered for the next commands run from this folder. Ctrl-C before
+    the running job is stopped changes nothing; from the stop on, the deploy goes on to start
+    the new release (and says so).
 
     \b
     Examples:
@@ -70,14 +76,18 @@ def deploy(
             force=force,
             say=output.info,
             warn=output.warn,
+            wait=not no_wait,
         )
         idle = gpus.unused(ws.config.job, seen=report.devices)
     if report.removed:
         output.info(f"Removed old releases: {', '.join(report.removed)}")
+    waited = ws.config.job.start_wait
     output.success(
-        f"Deployed {report.release} to {ws.target.describe()}; job {report.started.session!r} "
-        f"{'running' if report.started.running else 'exited already'}."
+        f"Deployed {report.release} to {ws.target.describe()}; "
+        f"{output.started(report.started, report.startup, waited=waited)}."
     )
+    output.startup_lines(report.startup)
+    output.went_on("deploy", report.release, interrupted=report.interrupted)
     if idle:
         warning, fix = gpus.unused_words(idle, ws.target.describe(), str(ws.config.path))
         output.warn(warning)

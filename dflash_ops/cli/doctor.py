@@ -99,14 +99,15 @@ def _print_check(check: doctor.Check) -> None:
     say = output.out.print
     if check.warning:
         say(
-            f"[bold yellow]![/bold yellow] {escape(check.name)}: [yellow]{escape(check.detail)}[/yellow]"
+            f"[bold yellow]![/bold yellow] {escape(check.name)}: "
+            f"[yellow]{output.message(check.detail)}[/yellow]"
         )
-        say(f"    [cyan]fix:[/cyan] {escape(check.fix)}")
+        say(f"    [cyan]fix:[/cyan] {output.message(check.fix)}")
     elif check.ok:
-        say(f"[green]✓[/green] {escape(check.name)}: {escape(check.detail)}")
+        say(f"[green]✓[/green] {escape(check.name)}: {output.message(check.detail)}")
     elif check.skipped:
-        say(f"[yellow]-[/yellow] {escape(check.name)}: {escape(check.detail)}")
+        say(f"[yellow]-[/yellow] {escape(check.name)}: {output.message(check.detail)}")
     else:
-        say(f"[red]✗[/red] {escape(check.name)}: {escape(check.detail)}")
+        say(f"[red]✗[/red] {escape(check.name)}: {output.message(check.detail)}")
         if check.fix:
-            say(f"    [cyan]fix:[/cyan] {escape(check.fix)}")
+            say(f"    [cyan]fix:[/cyan] {output.message(check.fix)}")

@@ -11,6 +11,7 @@ from dflash_ops.cli.context import workspace
 from dflash_ops.cli.foreground import copy
 from dflash_ops.cli.options import TargetChoice, with_target
 from dflash_ops.commands import execute
+from dflash_ops.untrusted import visible
 
 app = typer.Typer()
 
@@ -29,9 +30,9 @@ def exec_(
     """Run a command at the place as the job runs: in the current release's folder, with
     [job] env and the job's own variables (DFLASH_CHECKPOINTS, …), its python first on PATH.
 
-    Its output comes back as it is written (stderr once it ends) and dflash exits with its
-    exit code; Ctrl-C stops it there. Nothing is read from stdin: for a terminal at the job,
-    dflash attach.
+    Its output comes back as it is written (stderr once it ends; on a terminal with control
+    characters made visible, piped unchanged) and dflash exits with its exit code; Ctrl-C
+    stops it there. Nothing is read from stdin: for a terminal at the job, dflash attach.
 
     \b
     Examples:
@@ -42,7 +43,12 @@ def exec_(
     """
     with workspace(ctx, where) as ws:
         stream = execute.start(ws, command or [])
-        code = copy(stream, what=f"command on {ws.target.describe()}")
-    sys.stderr.buffer.write(stream.stderr)
+        # piped, its output is data and goes out unchanged; on a terminal, rendered visible
+        piped = not sys.stdout.isatty()
+        code = copy(stream, what=f"command on {ws.target.describe()}", raw=piped)
+    said = stream.stderr
+    if sys.stderr.isatty():
+        said = visible(said.decode("utf-8", "replace")).encode()
+    sys.stderr.buffer.write(said)
     sys.stderr.buffer.flush()
     raise typer.Exit(code)

@@ -1,5 +1,6 @@
-"""Commands that run a trainer tool in the foreground at the place (`eval`, `plan`): its stdout
-streams to ours as it comes; Ctrl-C ends it there too; a failure is one message from its stderr."""
+"""Commands that run something in the foreground at the place (`eval`, `plan`, `exec`): its
+stdout streams to ours as it comes; Ctrl-C ends it there too; a tool's failure is one message
+from its stderr."""
 
 from __future__ import annotations
 
@@ -12,16 +13,19 @@ from dflash_ops.connect.transport import StreamResult
 from dflash_ops.errors import DflashError
 
 
-def copy(stream: StreamResult, *, what: str) -> int:
-    """Copy the command's stdout to ours until it ends; its exit code. Ctrl-C stops it at the
-    place too (exit 130); `what` names it in that message."""
+def copy(stream: StreamResult, *, what: str, raw: bool = False) -> int:
+    """Copy the command's stdout to ours until it ends (rendered visible, unchanged with `raw`);
+    its exit code. Ctrl-C stops it at the place too (exit 130); `what` names it then."""
+    show = output.RemoteBytes(raw=raw)
     try:
         for chunk in stream:
-            output.write_bytes(chunk)
+            show(chunk)
     except KeyboardInterrupt:
+        show.end()
         stream.close()
         output.info(f"Interrupted; the {what} was stopped.")
         raise typer.Exit(130) from None
+    show.end()
     return stream.exit_code or 0
 
 

@@ -14,6 +14,7 @@ from dflash_ops.cli.options import (
 )
 from dflash_ops.commands.workspace import Workspace
 from dflash_ops.errors import JobNotFound
+from dflash_ops.untrusted import more
 
 app = typer.Typer()
 
@@ -34,6 +35,14 @@ def logs(
             "--tail", "-n", metavar="N", min=0, help="How many of the last lines to print first."
         ),
     ] = 50,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Print the log's bytes unchanged (the job's colours and any other escape "
+            "sequence reach the terminal); by default control characters are shown as ^[ …",
+        ),
+    ] = False,
     *,
     where: TargetChoice,
 ) -> None:
@@ -41,29 +50,38 @@ def logs(
 
     --follow prints new lines as they are written, survives a dropped connection (it
     reconnects and resumes at the same byte), and exits with the job's exit code once the
-    job has ended. Ctrl-C only stops watching: the job keeps running.
+    job has ended. Ctrl-C only stops watching: the job keeps running. Control characters in
+    the log (escape sequences, colours) are shown as ^[ and the like; --raw prints them as
+    they are.
 
     \b
     Examples:
       dflash logs                 # the last 50 lines
       dflash logs --tail 200
       dflash logs --follow        # exit code = the job's exit code
+      dflash logs --follow --raw  # with the job's own colours
     """
+    show = output.RemoteBytes(raw=raw)
     with workspace(ctx, where) as ws:
         try:
             job = ws.job()
-            body, size = job.tail(tail)
-            output.write_bytes(body)
+            found = job.tail(tail)
+            size = found.size
+            if found.cut:
+                output.info(f"{more(found.cut)} of the log before these lines")
+            show(found.body)
             if size < 0 and not ws.deployed_here and not job.state().exists:
                 _never_deployed(ws)
             if not follow:
                 if size < 0:
                     output.info(f"No log yet at {ws.log_path} on {ws.target.describe()}.")
                 return
-            final = job.follow(output.write_bytes, offset=max(size, 0), reconnect=ws.reopen)
+            final = job.follow(show, offset=max(size, 0), reconnect=ws.reopen)
         except KeyboardInterrupt:
             output.info("Detached from the log; the job keeps running.")
             raise typer.Exit(130) from None
+        finally:
+            show.end()
         if not final.exists and not ws.deployed_here:
             _never_deployed(ws)
     if not final.exists:

@@ -93,6 +93,14 @@ ForceOption = Annotated[
     ),
 ]
 
+NoWaitOption = Annotated[
+    bool,
+    typer.Option(
+        "--no-wait",
+        help="Do not wait for the job to be past start-up ([job] start_wait seconds at most).",
+    ),
+]
+
 CheckpointOption = Annotated[
     str | None,
     typer.Option(

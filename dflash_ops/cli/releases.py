@@ -13,6 +13,7 @@ from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import (
     ForceOption,
+    NoWaitOption,
     TargetChoice,
     with_target,
 )
@@ -90,6 +91,7 @@ def rollback(
     *,
     where: TargetChoice,
     force: ForceOption = False,
+    no_wait: NoWaitOption = False,
 ) -> None:
     """Point current at an earlier complete release and restart the job on it.
 
@@ -101,5 +103,13 @@ def rollback(
       dflash rollback --to 20260102-030405-678-abcd
     """
     with workspace(ctx, where) as ws:
-        report = operations.rollback(ws, to=to, force=force, say=output.warn)
-    output.success(f"Rolled back to {report.release}; job {report.started.session!r} restarted.")
+        report = operations.rollback(
+            ws, to=to, force=force, say=output.warn, progress=output.info, wait=not no_wait
+        )
+    waited = ws.config.job.start_wait
+    output.success(
+        f"Rolled back to {report.release}; "
+        f"{output.started(report.started, report.startup, waited=waited)}."
+    )
+    output.startup_lines(report.startup)
+    output.went_on("rollback", report.release, interrupted=report.interrupted)

@@ -18,6 +18,7 @@ from dflash_ops.cli.options import (
     with_target,
 )
 from dflash_ops.commands import operations
+from dflash_ops.untrusted import more
 
 app = typer.Typer()
 
@@ -87,22 +88,24 @@ def _print_human(report: dict[str, Any], hint: str | None) -> None:
         output.hint("Run dflash restart to run the current release (or dflash rollback).")
     metrics = report["metrics"]
     if metrics:
-        say(f"[bold]metrics[/bold]  {escape(_metrics(metrics))}")
+        say(f"[bold]metrics[/bold]  {output.message(_metrics(metrics))}")
         probe = metrics.get("probe")
         if isinstance(probe, dict):
-            say(f"[bold]tau[/bold]      {escape(_probe(probe))}")
+            say(f"[bold]tau[/bold]      {output.message(_probe(probe))}")
             if probe.get("warning"):
-                say(f"[bold yellow]warning[/bold yellow]  {escape(str(probe['warning']))}")
+                say(f"[bold yellow]warning[/bold yellow]  {output.message(str(probe['warning']))}")
     if report.get("split"):
-        say(f"[bold]split[/bold]    {escape(_split(report['split']))}")
+        say(f"[bold]split[/bold]    {output.message(_split(report['split']))}")
     if report.get("gpus") is not None:
         say("[bold]gpus[/bold]")
         say(_gpu_table(report["gpus"]))
     elif report.get("gpu_note"):
-        say(f"[bold]gpus[/bold]     [dim]{escape(report['gpu_note'])}[/dim]")
+        say(f"[bold]gpus[/bold]     [dim]{output.message(report['gpu_note'])}[/dim]")
     say(f"[bold]log[/bold]      {escape(report['log'])}")
+    if report.get("log_cut"):
+        say(f"  [dim]{more(report['log_cut'])} before these lines[/dim]")
     for line in report["last_lines"]:
-        say(f"  {escape(line)}")
+        say(f"  {output.message(line)}")
 
 
 def _when(iso: str | None) -> str:

@@ -17,16 +17,17 @@ from typing import Any
 from dflash_ops.commands import gpus
 from dflash_ops.commands.workspace import Workspace
 from dflash_ops.connect import shell
-from dflash_ops.connect.place import Place
+from dflash_ops.connect.place import Place, timed_out
 from dflash_ops.connect.ssh_config import SSHTarget, by_hand
 from dflash_ops.connect.transport import Result
-from dflash_ops.errors import DflashError
+from dflash_ops.errors import CommandTimedOut, DflashError
+from dflash_ops.remote.requirements import REQUIREMENTS, required_modules
 from dflash_ops.settings.deploy_config import Target
 from dflash_ops.settings.job_config import JobConfig
+from dflash_ops.untrusted import clip, last_line
 
 MIN_TORCH = (2, 6)
 DEFAULT_MIN_FREE_GIB = 10.0
-PROBE_TIMEOUT = 120.0
 _PASSED, _FAILED, _SKIPPED, _WARNING = "passed", "failed", "skipped", "warning"
 
 
@@ -79,6 +80,7 @@ class Setup:
     train: Mapping[str, Any] = field(default_factory=dict)
     project_dir: Path | None = None  # where trainer/ is taken from for the smoke test
     min_free_gib: float = DEFAULT_MIN_FREE_GIB
+    modules: tuple[str, ...] = ()  # what the trainer imports (`remote.requirements`)
     config: Path | None = None  # the deploy.toml the settings came from (named in fixes)
 
     @property
@@ -89,12 +91,14 @@ class Setup:
     @classmethod
     def of(cls, ws: Workspace, *, min_free_gib: float = DEFAULT_MIN_FREE_GIB) -> Setup:
         """The setup of a command's workspace (its target, `[job]`, `[train]`, project folder)."""
+        trainer = ws.config.project_dir / "trainer"
         return cls(
             target=ws.target,
             job=ws.config.job,
             train=ws.config.train,
             project_dir=ws.config.project_dir,
             min_free_gib=min_free_gib,
+            modules=tuple(required_modules(trainer)),
             config=ws.config.path,
         )
 
@@ -112,14 +116,17 @@ class Findings:
 def check_reachable(setup: Setup, place: Place, _: Findings) -> Check:
     """The host answers `true` over SSH: connection, host key known, authentication."""
     name = "ssh"
-    result = place.transport.run(["true"], timeout=PROBE_TIMEOUT)
+    try:
+        result = place.transport.run(["true"], timeout=place.timeout)
+    except CommandTimedOut:
+        raise timed_out(["true"], place.timeout, place.transport.description) from None
     if result.exit_code != 0:
         fix = "Check the login shell of that user: ssh <host> true must succeed."
         target = getattr(place.transport, "target", None)
         return failed(
             name,
             f"`true` exited {result.exit_code} on {place.transport.description}: "
-            f"{result.stderr_text.strip()[-200:]}",
+            f"{last_line(result.stderr_text)}",
             by_hand(fix, target) if isinstance(target, SSHTarget) else fix,
         )
     return passed(name, f"{place.transport.description} reachable, host key known")
@@ -134,14 +141,14 @@ def check_container(setup: Setup, place: Place, _: Findings) -> Check:
 
 def check_tmux(setup: Setup, place: Place, _: Findings) -> Check:
     """`tmux -V`: the job runs in a tmux session, so tmux must be on the place's PATH."""
-    result = place.run(["tmux", "-V"], check=False, timeout=PROBE_TIMEOUT)
+    result = place.run(["tmux", "-V"], check=False)
     return judge_tmux(setup, place.description, result)
 
 
 def judge_tmux(setup: Setup, where: str, result: Result) -> Check:
     """The tmux check's verdict on the result of `tmux -V` at `where` (also run by deploy)."""
     if result.exit_code == 0:
-        return passed("tmux", result.stdout_text.strip())
+        return passed("tmux", clip(result.stdout_text.strip()))
     inside = " inside the container" if setup.target.place == "proxmox" else ""
     return failed(
         "tmux",
@@ -151,10 +158,13 @@ def judge_tmux(setup: Setup, where: str, result: Result) -> Check:
     )
 
 
-# Run by the job's python: reports its version, torch and CUDA as one JSON line.
+# Run by the job's python: reports its version, the modules of argv it cannot find, torch and
+# CUDA as one JSON line.
 _PROBE = """\
 import json, platform, sys
+from importlib.util import find_spec
 info = {"python": platform.python_version(), "executable": sys.executable}
+info["missing"] = [m for m in sys.argv[1:] if find_spec(m) is None]
 try:
     import torch
 except Exception as exc:
@@ -181,13 +191,21 @@ def job_argv(setup: Setup, argv: Sequence[str]) -> list[str]:
 
 
 MIN_PYTHON = (3, 11)
-# The cheap probe: version only (no torch import); it exits 3 on a Python older than MIN_PYTHON,
-# so that `dflash deploy`'s one command stops there before touching anything.
+MISSING = 4  # the cheap probe: a module of the trainer's is missing
+# The cheap probe: the version and the trainer's modules (argv) that cannot be found, nothing
+# imported; it exits 3 on a Python older than MIN_PYTHON and 4 when a module is missing, so that
+# `dflash deploy`'s one command stops there before touching anything.
 _VERSION = (
     "import json, platform, sys\n"
-    'found = {"python": platform.python_version(), "executable": sys.executable}\n'
+    "from importlib.util import find_spec\n"
+    "missing = [m for m in sys.argv[1:] if find_spec(m) is None]\n"
+    'found = {"python": platform.python_version(), "executable": sys.executable, '
+    '"missing": missing}\n'
 )
-_ANSWER = f"print(json.dumps(found))\nsys.exit(3 if sys.version_info < {MIN_PYTHON} else 0)\n"
+_ANSWER = (
+    "print(json.dumps(found))\n"
+    f"sys.exit(3 if sys.version_info < {MIN_PYTHON} else {MISSING} if missing else 0)\n"
+)
 VERSION_PROBE = _VERSION + _ANSWER
 # Between them, for a job of `[job] gpus = 0`: the place's NVIDIA GPUs (nvidia-smi on the job's
 # PATH, and their device files) for deploy's idle-GPU warning; any failure leaves them out, so
@@ -225,13 +243,14 @@ def probed_devices(answer: str | None) -> int:
 
 
 def python_probe_argv(setup: Setup, probe: str = VERSION_PROBE) -> list[str]:
-    """The job's python running `probe` with the job's environment."""
-    return job_argv(setup, [setup.target.python, "-c", probe])
+    """The job's python running `probe` with the job's environment, the trainer's modules as
+    its arguments: ONE `python -c` at the place."""
+    return job_argv(setup, [setup.target.python, "-c", probe, *setup.modules])
 
 
 def check_python(setup: Setup, place: Place, found: Findings, *, probe: str = _PROBE) -> Check:
     """The configured `python` starts and answers the probe (version, torch, CUDA)."""
-    result = place.run(python_probe_argv(setup, probe), check=False, timeout=PROBE_TIMEOUT)
+    result = place.run(python_probe_argv(setup, probe), check=False)
     return judge_python(setup, place.description, result, found)
 
 
@@ -242,6 +261,11 @@ def judge_python(setup: Setup, where: str, result: Result, found: Findings) -> C
         f'Install Python 3.11+ there, or set python = "/path/to/python" in the target\'s table '
         f"of deploy.toml (now {python!r})."
     )
+    if setup.target.venv is not None:
+        fix = (
+            f"Build the job's venv: dflash setup (from {setup.target.venv.base}; dflash deploy "
+            "builds it too when it is missing)."
+        )
     try:
         found.python = json.loads(result.stdout_text.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -250,7 +274,7 @@ def judge_python(setup: Setup, where: str, result: Result, found: Findings) -> C
     major_minor = tuple(int(x) for x in version.split(".")[:2] if x.isdigit())
     if major_minor and major_minor < MIN_PYTHON:
         return failed("python", f"{python} is Python {version}; the trainer needs 3.11+", fix)
-    if result.exit_code != 0:
+    if result.exit_code not in (0, MISSING) or not isinstance(found.python, dict):
         return failed(
             "python",
             f"{python} does not run on {where} (exit {result.exit_code}: "
@@ -259,13 +283,52 @@ def judge_python(setup: Setup, where: str, result: Result, found: Findings) -> C
         )
     if not found.python or not isinstance(found.python, dict):
         found.python = {}
-        return failed("python", f"{python} printed no probe answer: {result.stdout_text!r}", fix)
+        said = clip(result.stdout_text.strip()) or "nothing"
+        return failed("python", f"{python} printed no probe answer: {said}", fix)
     return passed("python", f"{python}: Python {version} ({found.python.get('executable')})")
+
+
+def check_imports(setup: Setup, place: Place, found: Findings) -> Check:
+    """Every module the trainer imports is there for the job's python (the probe's answer)."""
+    return judge_imports(setup, found)
+
+
+def judge_imports(setup: Setup, found: Findings) -> Check:
+    """The imports check's verdict on the python probe's answer (also deploy's)."""
+    missing = [str(m) for m in found.python.get("missing") or []]
+    python = setup.target.python
+    if missing:
+        return failed(
+            "imports",
+            f"{python} lacks {', '.join(missing)}, which the trainer imports",
+            environment_fix(setup),
+        )
+    if not setup.modules:
+        return passed("imports", "no trainer/ here to ask for modules")
+    return passed("imports", f"{python} has {', '.join(setup.modules)}")
+
+
+def environment_fix(setup: Setup) -> str:
+    """How to give the job a python with the trainer's modules, under PEP 668 too (Debian and
+    Ubuntu refuse `pip install` into the system python): a virtual environment."""
+    if setup.target.venv is not None:
+        return (
+            f"Run dflash setup: it builds {setup.target.venv.folder} from trainer/{REQUIREMENTS}"
+            " and [venv] packages (a module neither provides goes into [venv] packages)."
+        )
+    return (
+        "Give the job a python that has them: add a [venv] table to deploy.toml and run "
+        f"dflash setup, which builds a virtual environment at the place from trainer/{REQUIREMENTS} "
+        "(torch_index = a CUDA torch index, wheels = a wheel folder at the place for an "
+        "offline node); or set python in the target's table to a virtual environment's python "
+        "that has them. Not pip install into the system python: Debian and Ubuntu refuse it "
+        "(externally-managed-environment, PEP 668)."
+    )
 
 
 def check_torch(setup: Setup, place: Place, found: Findings) -> Check:
     python = setup.target.python
-    install = f"Install torch for that interpreter: {python} -m pip install 'torch>=2.6'"
+    install = f"torch is one of the trainer's requirements. {environment_fix(setup)}"
     if "torch_error" in found.python:
         return failed(
             "torch", f"{python} cannot import torch: {found.python['torch_error']}", install
@@ -294,8 +357,8 @@ def check_cuda(setup: Setup, place: Place, found: Findings) -> Check:
         "cuda",
         f"no CUDA at {place.description} ({why}), but [job] gpus = {gpus}",
         "On a GPU machine: check `nvidia-smi` works there (driver; for a container, the GPU "
-        "devices passed through) and install a CUDA build of torch "
-        "(pip install torch --index-url https://download.pytorch.org/whl/cu128). "
+        "devices passed through) and give the job a CUDA build of torch: [venv] torch_index = "
+        '"https://download.pytorch.org/whl/cu128" in deploy.toml, then dflash setup. '
         "To train on the CPU instead, set [job] gpus = 0 and target_gpus = 0 in deploy.toml.",
     )
 
@@ -331,9 +394,7 @@ _CHECKPOINTS = (
 def check_checkpoints(setup: Setup, place: Place, _: Findings) -> Check:
     """The checkpoints folder exists (or can be made), takes a file, and has room."""
     folder = setup.target.checkpoints
-    result = place.run(
-        ["bash", "-c", _CHECKPOINTS, "dflash-doctor", folder], check=False, timeout=PROBE_TIMEOUT
-    )
+    result = place.run(["bash", "-c", _CHECKPOINTS, "dflash-doctor", folder], check=False)
     why = last_line(result.stderr_text)
     key = "checkpoints in the target's table of deploy.toml"
     if result.exit_code in (3, 4):
@@ -404,9 +465,7 @@ def check_model(setup: Setup, place: Place, _: Findings) -> Check:
         f"Copy the model (a save_pretrained folder with config.json and weights) to {folder} at "
         "the place, or set [train.model] target in deploy.toml to where it is."
     )
-    result = place.run(
-        ["bash", "-c", _MODEL, "dflash-doctor", folder], check=False, timeout=PROBE_TIMEOUT
-    )
+    result = place.run(["bash", "-c", _MODEL, "dflash-doctor", folder], check=False)
     if result.exit_code != 0:
         return failed(name, f"target model folder: {last_line(result.stderr_text)}", fix)
     listing, _nul, text = result.stdout.partition(b"\0")
@@ -474,8 +533,3 @@ def language_config(config: dict[str, Any]) -> dict[str, Any]:
     """The language model's shape: multimodal configs keep it under `text_config`."""
     text = config.get("text_config")
     return text if "hidden_size" not in config and isinstance(text, dict) else config
-
-
-def last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "no error output"

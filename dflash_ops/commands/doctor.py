@@ -10,7 +10,7 @@ same functions: `remote/client.py`) say the same words.
 
 Order and dependencies:
 
-    reachable (ssh/proxmox) → container (proxmox) → tmux, python → torch → cuda → gpu count
+    reachable (ssh/proxmox) → container (proxmox) → tmux, python → imports, torch → cuda → gpu count
                                                   → checkpoints, target model
                                          python → train config (trainer.check on the bundle)
                                                   → smoke (torch; ships trainer/ to a scratch folder)
@@ -31,12 +31,14 @@ from dflash_ops.commands.checks import (
     check_container,
     check_cuda,
     check_gpu_count,
+    check_imports,
     check_model,
     check_python,
     check_reachable,
     check_tmux,
     check_torch,
     from_error,
+    judge_imports,
     judge_python,
     judge_tmux,
     python_probe_argv,
@@ -44,6 +46,7 @@ from dflash_ops.commands.checks import (
 )
 from dflash_ops.commands.smoke_check import check_smoke, smoke_check
 from dflash_ops.commands.train_check import (
+    CHECK_TIMEOUT,
     applies,
     check_argv,
     check_train_config,
@@ -84,6 +87,7 @@ def plan(target: Target, *, gpu_smoke: bool = True) -> list[Step]:
     steps += [
         Step("tmux", check_tmux, base),
         Step("python", check_python, base),
+        Step("imports", check_imports, (*base, "python")),
         Step("torch", check_torch, (*base, "python")),
         Step("cuda", check_cuda, (*base, "python", "torch")),
         Step("gpu count", check_gpu_count, (*base, "python", "torch", "cuda")),
@@ -129,6 +133,10 @@ class PreflightFailed(DflashError):
     """tmux or python failed deploy's preflight; the message is the check's, the hint its fix."""
 
 
+class VenvNotBuilt(PreflightFailed):
+    """The job's python is a `[venv]` that is not built at the place yet (`dflash setup`)."""
+
+
 def deploy_preflight(setup: Setup, where: str) -> Preflight:
     """What deploy checks inside its one command before anything changes, in doctor's words:
     `tmux -V` and the job's python answering the version probe (judged by `judge_tmux` and
@@ -137,13 +145,18 @@ def deploy_preflight(setup: Setup, where: str) -> Preflight:
     def failed(step: str, result: Result) -> DflashError:
         if step == "tmux":
             return failure(judge_tmux(setup, where, result))
-        return failure(judge_python(setup, where, result, Findings()))
+        found = Findings()
+        python = judge_python(setup, where, result, found)
+        if not python.ok and setup.target.venv is not None and result.exit_code in (126, 127):
+            return VenvNotBuilt(f"python: {python.detail}", hint=python.fix)
+        return failure(python if not python.ok else judge_imports(setup, found))
 
     return Preflight(
         probe=python_probe_argv(setup, version_probe(count_gpus=setup.job.gpus == 0)),
         check=check_argv(setup) if applies(setup) else [],
         failed=failed,
         invalid=lambda code, lines: invalid(where, code, lines, config=setup.config_file),
+        check_seconds=CHECK_TIMEOUT,
     )
 
 

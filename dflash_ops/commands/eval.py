@@ -19,6 +19,7 @@ from dflash_ops.connect.transport import StreamResult
 from dflash_ops.errors import CheckpointPathError, DflashError, EvaluationError
 from dflash_ops.remote.checkpoints import ARCHIVE, RUN_PATTERN
 from dflash_ops.remote.launch import TRAIN_CONFIG, in_release
+from dflash_ops.untrusted import last_line
 
 # A checkpoint named relative to the checkpoints folder: `step-00000300`, an archived run's UTC
 # time (`20260102T030405.678Z`, in `archive/`), `<time>/step-…`, `archive/<time>[/step-…]`.
@@ -169,8 +170,7 @@ FIX_HINT = (
 
 def failure(ws: Workspace, stream: StreamResult) -> EvaluationError:
     """The error of a finished evaluator run that exited non-zero: its last stderr line."""
-    text = stream.stderr.decode("utf-8", "replace").strip()
-    detail = text.splitlines()[-1] if text else "no error output"
+    detail = last_line(stream.stderr.decode("utf-8", "backslashreplace"))
     return EvaluationError(
         f"The evaluator failed on {ws.target.describe()} (exit {stream.exit_code}): {detail}",
         hint=FIX_HINT,

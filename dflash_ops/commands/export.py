@@ -25,6 +25,7 @@ from dflash_ops.commands.workspace import Workspace
 from dflash_ops.connect.transport import StreamResult
 from dflash_ops.errors import ExportError
 from dflash_ops.remote.launch import TRAIN_CONFIG, in_release
+from dflash_ops.untrusted import last_line
 
 FILES = ("config.json", "model.safetensors")
 DTYPES = ("bf16", "fp16", "fp32")
@@ -173,8 +174,7 @@ def receive(stream: StreamResult, tmp: Path, to: Path, *, on_bytes: Callable[[in
 
 def failure(stream: StreamResult) -> ExportError:
     """The error of an exporter run that exited non-zero: its last stderr line."""
-    text = stream.stderr.decode("utf-8", "replace").strip()
-    detail = text.splitlines()[-1] if text else "no error output"
+    detail = last_line(stream.stderr.decode("utf-8", "backslashreplace"))
     return ExportError(
         f"The exporter failed (exit {stream.exit_code}): {detail}",
         hint=FIX_HINT,

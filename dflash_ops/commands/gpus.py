@@ -21,6 +21,7 @@ from typing import Any
 from dflash_ops.connect.place import Place
 from dflash_ops.errors import CommandTimedOut, DflashError
 from dflash_ops.settings.job_config import JobConfig
+from dflash_ops.untrusted import clip, last_line
 from trainer.split_rule import default_target_gpus
 
 QUERY = "index,utilization.gpu,memory.used,memory.total"
@@ -54,8 +55,8 @@ def parse(text: str) -> list[GpuReading]:
         if not line.strip():
             continue
         fields = [f.strip() for f in line.split(",")]
-        if len(fields) != 4:
-            raise ValueError(f"not {QUERY}: {line!r}")
+        if len(fields) != 4 or not fields[0].isdigit():
+            raise ValueError(f"not {QUERY}: {clip(line)}")
         readings.append(
             GpuReading(
                 index=int(fields[0]),
@@ -77,8 +78,8 @@ def read(place: Place, env: Mapping[str, str]) -> tuple[list[GpuReading] | None,
     if result.exit_code == 127:
         return None, "no nvidia-smi at the place"
     if result.exit_code != 0:
-        said = (result.stderr_text.strip() or result.stdout_text.strip()).splitlines()
-        return None, f"nvidia-smi failed (exit {result.exit_code}): {said[-1] if said else '?'}"
+        said = last_line(result.stderr_text.strip() or result.stdout_text)
+        return None, f"nvidia-smi failed (exit {result.exit_code}): {said}"
     try:
         readings = parse(result.stdout_text)
     except ValueError as exc:

@@ -131,6 +131,10 @@ def render(plan: InitPlan) -> str:
     lines += [
         _line('# command = "..."', "replaces the trainer launch; run by bash in current/"),
         "",
+        _line("# [venv]", "the job's python as a venv built there: dflash setup"),
+        _line('# torch_index = "https://download.pytorch.org/whl/cu128"', "CUDA torch"),
+        _line('# wheels = "/srv/wheels"', "or, offline: every wheel from there"),
+        "",
         _line("[train]", "the trainer's settings (see docs/training.md)"),
     ]
     if plan.model:

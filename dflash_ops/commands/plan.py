@@ -65,6 +65,6 @@ def failure(ws: Workspace, stream: StreamResult) -> RemoteCommandFailed:
         ws.target.describe(),
         SHOWN_ARGV,
         stream.exit_code if stream.exit_code is not None else -1,
-        stream.stderr.decode("utf-8", "replace"),
+        stream.stderr.decode("utf-8", "backslashreplace"),
         hint="Fix what it names, then run again (python -m trainer.plan --help at the place).",
     )

@@ -15,10 +15,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dflash_ops.commands.checks import Check, Findings, Setup, failed, job_argv, last_line, passed
+from dflash_ops.commands.checks import Check, Findings, Setup, failed, job_argv, passed
 from dflash_ops.connect import shell
 from dflash_ops.connect.place import Place
 from dflash_ops.connect.transport import Result
+from dflash_ops.untrusted import last_line
 
 SMOKE_TIMEOUT = 300.0
 
@@ -59,7 +60,9 @@ def check_smoke(setup: Setup, place: Place, _: Findings) -> Check:
         )
     scratch = shell.remote_path(f"{setup.target.root}/doctor/{secrets.token_hex(4)}")
     argv = job_argv(setup, [setup.target.python, "-m", "trainer.smoke", "--json"])
-    result = run_in_scratch(place, scratch, trainer_tar(trainer), argv, timeout=SMOKE_TIMEOUT)
+    result = run_in_scratch(
+        place, scratch, trainer_tar(trainer), argv, timeout=max(SMOKE_TIMEOUT, place.timeout)
+    )
     lines = result.stdout_text.strip().splitlines()
     try:
         report = json.loads(lines[-1])

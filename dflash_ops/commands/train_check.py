@@ -88,7 +88,11 @@ def check_train_config(setup: Setup, place: Place, _: Findings) -> Check:
     scratch = shell.remote_path(f"{setup.target.root}/doctor/{secrets.token_hex(4)}")
     files = {TRAIN_CONFIG: toml_writer.dumps(setup.train).encode()}
     result = run_in_scratch(
-        place, scratch, trainer_tar(trainer, files), check_argv(setup), timeout=CHECK_TIMEOUT
+        place,
+        scratch,
+        trainer_tar(trainer, files),
+        check_argv(setup),
+        timeout=max(CHECK_TIMEOUT, place.timeout),
     )
     lines = (result.stdout_text + result.stderr_text).splitlines()
     if result.exit_code != 0:

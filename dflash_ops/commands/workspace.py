@@ -37,7 +37,7 @@ def open_place(target: Target, *, accept_new_host_key: bool = False) -> Place:
     from dflash_ops.connect.transport import LocalTransport, SSHTransport
 
     if target.place == "local":
-        return HostPlace(LocalTransport())
+        return HostPlace(LocalTransport(), timeout=target.timeout)
     assert target.host is not None
     transport = SSHTransport(
         target.host,
@@ -47,8 +47,8 @@ def open_place(target: Target, *, accept_new_host_key: bool = False) -> Place:
     )
     if target.place == "proxmox":
         assert target.ct is not None
-        return ContainerPlace(transport, target.ct)
-    return HostPlace(transport)
+        return ContainerPlace(transport, target.ct, timeout=target.timeout)
+    return HostPlace(transport, timeout=target.timeout)
 
 
 @dataclass(kw_only=True)
@@ -128,7 +128,6 @@ class Workspace:
             session=job.session,
             log=self.log_path,
             socket=job.socket or socket_for(self.target.root),
-            local=self.target.place == "local",
             stop_timeout=job.stop_timeout,
         )
 

@@ -11,17 +11,24 @@ pct reports a missing or stopped container on stderr before it runs anything; a 
 whose last stderr line is one of those messages raises `ContainerNotFound`/`ContainerStopped`
 (whatever `check` says: that exit status is pct's, not the command's). A host without pct
 raises `PctMissing`.
+
+Nothing waits forever on a place: every command run there is bounded by the place's `timeout`
+(`[target] timeout` in deploy.toml) unless its caller gives it its own, and one that does not
+finish in time is ended and raises `CommandTimedOut` naming it (`what_runs`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
 from dflash_ops.connect import shell
-from dflash_ops.connect.transport import Result, Stdin, StreamResult, Transport
+from dflash_ops.connect.stdin import Stdin
+from dflash_ops.connect.transport import STDOUT_CAP, Result, StreamResult, Transport, Watch
 from dflash_ops.errors import (
+    CommandTimedOut,
     ContainerNotFound,
     ContainerStopped,
     PctMissing,
@@ -33,12 +40,19 @@ _NOT_FOUND = re.compile(r"Configuration file 'nodes/[^/]+/lxc/(\d+)\.conf' does 
 _NOT_RUNNING = re.compile(r"container '(\d+)' not running!")
 # bash: "bash: line 1: pct: command not found"; dash: "sh: 1: pct: not found"; local: "pct: …".
 _PCT_MISSING = re.compile(r"(^|[\s:])pct: (command )?not found$")
+# Seconds one command (one step of the site program) may take at a place: a slow container
+# included (a cold `import torch` there takes tens of seconds), a hung one not for long.
+DEFAULT_TIMEOUT = 120.0
 
 
 @runtime_checkable
 class Place(Protocol):
+    """Where commands run. `run(…, cap=…, watch=…)`: the first `cap` bytes of stdout are kept;
+    `watch` sees stdout as it arrives and may move the command's bound (`bounded.Watch`)."""
+
     description: str
     transport: Transport
+    timeout: float  # the bound of each command run without one of its own
 
     def run(
         self,
@@ -47,6 +61,8 @@ class Place(Protocol):
         stdin: Stdin = None,
         timeout: float | None = None,
         check: bool = True,
+        cap: int = STDOUT_CAP,
+        watch: Watch | None = None,
     ) -> Result: ...
 
     def stream(self, argv: Sequence[str]) -> StreamResult: ...
@@ -54,6 +70,52 @@ class Place(Protocol):
     def ensure_ready(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+def what_runs(argv: Sequence[str]) -> str:
+    """The name of a command in messages: `bash -c SCRIPT NAME …` by NAME, `env K=V … prog`
+    by prog, `tmux [-L S] sub …` by `tmux sub` (`pct sub …` alike), anything else by its
+    program."""
+    args = list(argv)
+    if args[:2] == ["bash", "-c"] and len(args) > 3:
+        return args[3]
+    while args[:1] == ["env"] or (args and "=" in args[0] and args[0] != "="):
+        args = args[1:]
+    if args[:1] in (["tmux"], ["pct"]):
+        rest = args[3:] if args[1:2] == ["-L"] else args[1:]
+        return " ".join([args[0], *rest[:1]])
+    return args[0] if args else "?"
+
+
+def timed_out(argv: Sequence[str], seconds: float, where: str) -> CommandTimedOut:
+    """The error of a command at `where` that did not answer within `seconds`."""
+    return CommandTimedOut(
+        f"`{what_runs(argv)}` did not answer within {seconds:g} s on {where}; it was ended.",
+        hint="Look at the place: is something there hung (ps, tmux, the disk)? If it is only "
+        "slow, raise timeout in the target's table of deploy.toml "
+        f"(now {seconds:g} s).",
+    )
+
+
+def _run(
+    place: Place,
+    argv: Sequence[str],
+    sent: Sequence[str],
+    *,
+    stdin: Stdin,
+    timeout: float | None,
+    cap: int,
+    watch: Watch | None,
+) -> Result:
+    """`sent` (argv as the transport runs it) bounded by `timeout`, else by its `watch`, else
+    by the place's `timeout`."""
+    seconds = place.timeout if timeout is None and watch is None else timeout
+    try:
+        return place.transport.run(sent, stdin=stdin, timeout=seconds, cap=cap, watch=watch)
+    except CommandTimedOut:
+        if seconds is None:
+            raise  # its watch knows which step it was
+        raise timed_out(argv, seconds, place.description) from None
 
 
 def raise_for_result(result: Result, place: str) -> Result:
@@ -66,9 +128,10 @@ def raise_for_result(result: Result, place: str) -> Result:
 class HostPlace:
     """Commands run directly at the transport's end (this machine or an SSH host)."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.transport = transport
         self.description = transport.description
+        self.timeout = timeout
 
     def run(
         self,
@@ -77,8 +140,10 @@ class HostPlace:
         stdin: Stdin = None,
         timeout: float | None = None,
         check: bool = True,
+        cap: int = STDOUT_CAP,
+        watch: Watch | None = None,
     ) -> Result:
-        result = self.transport.run(argv, stdin=stdin, timeout=timeout)
+        result = _run(self, argv, argv, stdin=stdin, timeout=timeout, cap=cap, watch=watch)
         return raise_for_result(result, self.description) if check else result
 
     def stream(self, argv: Sequence[str]) -> StreamResult:
@@ -95,10 +160,13 @@ class HostPlace:
 class ContainerPlace:
     """Commands run inside LXC container `ct` through `pct exec` on the transport's host."""
 
-    def __init__(self, transport: Transport, ct: int | str) -> None:
+    def __init__(
+        self, transport: Transport, ct: int | str, *, timeout: float = DEFAULT_TIMEOUT
+    ) -> None:
         self.transport = transport
         self.ct = shell.container_id(ct)
         self.description = f"ct {self.ct} on {transport.description}"
+        self.timeout = timeout
 
     def pct_argv(self, argv: Sequence[str]) -> list[str]:
         """`pct exec <ct> --keep-env 0 -- argv…`"""
@@ -132,10 +200,13 @@ class ContainerPlace:
         stdin: Stdin = None,
         timeout: float | None = None,
         check: bool = True,
+        cap: int = STDOUT_CAP,
+        watch: Watch | None = None,
     ) -> Result:
-        raw = self.transport.run(self.pct_argv(argv), stdin=stdin, timeout=timeout)
+        sent = self.pct_argv(argv)
+        raw = _run(self, argv, sent, stdin=stdin, timeout=timeout, cap=cap, watch=watch)
         self._raise_for_pct(raw.exit_code, raw.stderr)
-        result = Result(tuple(argv), raw.exit_code, raw.stdout, raw.stderr)
+        result = replace(raw, argv=tuple(argv))
         return raise_for_result(result, self.description) if check else result
 
     def stream(self, argv: Sequence[str]) -> StreamResult:
@@ -153,7 +224,11 @@ class ContainerPlace:
 
     def ensure_ready(self) -> None:
         """`pct status <ct>` on the host: pct present, container exists and is running."""
-        result = self.transport.run(["pct", "status", str(self.ct)])
+        argv = ["pct", "status", str(self.ct)]
+        try:
+            result = self.transport.run(argv, timeout=self.timeout)
+        except CommandTimedOut:
+            raise timed_out(argv, self.timeout, self.transport.description) from None
         self._raise_for_pct(result.exit_code, result.stderr)
         status = result.stdout_text.strip()
         if result.exit_code != 0:

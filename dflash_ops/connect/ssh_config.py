@@ -3,7 +3,8 @@
 Resolution is OpenSSH's own. Where the `ssh` client is installed, `resolve` asks it once
 (`ssh -G [-F file] [-l user] [-p port] [-J jump] host`) and reads host name, user, port,
 identity files, IdentitiesOnly, ProxyJump, ProxyCommand, the known-hosts files, HostKeyAlias,
-StrictHostKeyChecking and HashKnownHosts from its answer. Without `ssh`, our own parser
+StrictHostKeyChecking, HashKnownHosts, ConnectTimeout and ServerAliveInterval/ServerAliveCountMax
+(the keepalive that notices a dead peer, `keepalive`) from its answer. Without `ssh`, our own parser
 (`ssh_config_parser`) answers the same questions the same way. Explicit values (flags,
 deploy.toml) are passed as ssh's own flags, so they win as they would on ssh's command line;
 the user defaults to the local account, as ssh's does.
@@ -27,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dflash_ops.connect import ssh_config_parser, ssh_names, ssh_tokens
+from dflash_ops.connect.keepalive import AliveSettings
 from dflash_ops.connect.shell import quote_argv
 from dflash_ops.errors import ConfigError
 
@@ -54,6 +56,7 @@ class SSHTarget:
     strict_host_key_checking: str = "ask"  # as ssh -G prints it: true, false, ask, accept-new
     hash_known_hosts: bool = False
     connect_timeout: float = 10.0
+    alive: AliveSettings = AliveSettings()  # ServerAliveInterval, ServerAliveCountMax
 
     @property
     def description(self) -> str:
@@ -318,7 +321,10 @@ def _target(alias: str, values: dict[str, list[str]]) -> SSHTarget:
         host_key_alias=one("hostkeyalias") or None,
         strict_host_key_checking=one("stricthostkeychecking", "ask"),
         hash_known_hosts=one("hashknownhosts", "no") == "yes",
-        connect_timeout=float(timeout) if timeout.isdigit() else 10.0,
+        connect_timeout=float(timeout) if timeout.isdigit() and int(timeout) > 0 else 10.0,
+        alive=AliveSettings.of(
+            float(one("serveraliveinterval", "0")), int(one("serveralivecountmax", "3"))
+        ),
     )
 
 

@@ -41,6 +41,8 @@ KEYS = (
     "stricthostkeychecking",
     "hashknownhosts",
     "connecttimeout",
+    "serveraliveinterval",
+    "serveralivecountmax",
 )
 DEFAULT_IDENTITIES: tuple[str, ...] = (
     "id_rsa",
@@ -56,6 +58,8 @@ _LINE = re.compile(r"\s*([^\s=]+)\s*=?\s*(.*)")
 _YES_NO = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}
 _STRICT = {"yes": "true", "true": "true", "no": "false", "false": "false", "off": "false"}
 _STRICT |= {"ask": "ask", "accept-new": "accept-new"}
+_TIME = re.compile(r"(\d+)([sSmMhHdDwW]?)")
+_TIME_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 @dataclass(kw_only=True)
@@ -203,6 +207,13 @@ class Parser:
                 files.append(args[0])
         elif keyword in ("userknownhostsfile", "globalknownhostsfile"):
             self.state.set_once(keyword, args)
+        elif keyword in ("connecttimeout", "serveraliveinterval"):
+            if args[0].lower() != "none":  # `none` leaves it unset: a later line still sets it
+                self.state.set_once(keyword, [str(seconds(args[0], where))])
+        elif keyword == "serveralivecountmax":
+            if not args[0].isdigit():
+                raise ConfigError(f"{where}: ServerAliveCountMax {args[0]!r} is not a count.")
+            self.state.set_once(keyword, [str(int(args[0]))])
         elif keyword in ("proxyjump", "proxycommand"):
             if "proxyjump" not in self.state.values and "proxycommand" not in self.state.values:
                 self.state.values[keyword] = [args[0]]
@@ -261,6 +272,14 @@ class Parser:
         return self.state.first("user") or ssh_tokens.local_user()
 
 
+def seconds(text: str, where: str) -> int:
+    """ssh's convtime: `90`, `1m30s`, `2h` (units s, m, h, d, w; a bare number is seconds)."""
+    parts = _TIME.findall(text)
+    if not text or "".join(n + u for n, u in parts) != text:
+        raise ConfigError(f"{where}: invalid time value {text!r} (e.g. 30, 90s, 1m30s).")
+    return sum(int(n) * _TIME_UNITS[u.lower()] for n, u in parts)
+
+
 def _run_in_shell(command: str) -> bool:
     """`Match exec`: the command's exit status under the user's shell, as ssh runs it."""
     shell = os.environ.get("SHELL") or "/bin/sh"
@@ -316,8 +335,9 @@ def _finish(state: _State, request: Request) -> dict[str, list[str]]:
         out[key] = [_YES_NO.get((state.first(key) or default).lower(), default)]
     strict = (state.first("stricthostkeychecking") or "ask").lower()
     out["stricthostkeychecking"] = [_STRICT.get(strict, "ask")]
-    timeout = state.first("connecttimeout")
-    out["connecttimeout"] = [timeout if timeout and timeout != "none" else "none"]
+    out["connecttimeout"] = [state.first("connecttimeout") or "none"]
+    out["serveraliveinterval"] = [state.first("serveraliveinterval") or "0"]
+    out["serveralivecountmax"] = [state.first("serveralivecountmax") or "3"]
     for key in ("proxyjump", "proxycommand", "hostkeyalias"):
         value = state.first(key)
         if value is not None and value.lower() != "none":

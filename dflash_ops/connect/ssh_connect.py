@@ -15,6 +15,10 @@ under `HashKnownHosts yes`). A changed key (`HostKeyChanged`) and a revoked one
 A failure is one exception naming the place: a port that is no SSH server (`NotAnSSHServer`), a
 server that went away mid-handshake (`ConnectionDropped`, never mistaken for a key problem),
 refused keys (`AuthenticationFailed`); the message always carries a reason.
+
+An open connection is watched (`keepalive.Watchdog`, the target's ServerAliveInterval and
+ServerAliveCountMax): a peer that stops answering is declared dead in bounded time and the
+connection closed; `Connection.dead` says why (its own verdict, or a jump host's).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 import paramiko
 
 from dflash_ops.connect import known_hosts
+from dflash_ops.connect.keepalive import Watchdog
 from dflash_ops.connect.ssh_config import SSHTarget, by_hand
 from dflash_ops.errors import (
     AuthenticationFailed,
@@ -137,6 +142,7 @@ class Connection:
 
     client: paramiko.SSHClient
     jumps: list[Connection] = field(default_factory=list)
+    watchdog: Watchdog | None = None
 
     @property
     def transport(self) -> paramiko.Transport:
@@ -148,7 +154,31 @@ class Connection:
         transport = self.client.get_transport()
         return transport is not None and transport.is_active()
 
+    @property
+    def dead(self) -> str | None:
+        """Why the keepalive declared this connection (or a jump host's) dead; None if not."""
+        own = self.watchdog.dead if self.watchdog is not None else None
+        return own or next((j.dead for j in self.jumps if j.dead), None)
+
+    def dropped(self, where: str, running: str = "") -> ConnectionDropped | None:
+        """The keepalive's verdict as a command on this connection meets it (None: no verdict,
+        the connection failed otherwise)."""
+        if not self.dead:
+            return None
+        doing = f" while running {running}" if running else ""
+        return ConnectionDropped(
+            f"The connection to {where} dropped{doing}: {self.dead}",
+            reason=self.dead,
+            hint=(
+                "The network or the host stopped answering. A command that was running there "
+                "may have gone on until it noticed; check the host (ssh <host> true), then its "
+                "state, and run the command again."
+            ),
+        )
+
     def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
         self.client.close()
         for jump in self.jumps:
             jump.close()
@@ -161,9 +191,10 @@ def _proxy_command(target: SSHTarget) -> paramiko.ProxyCommand:
 
 
 class _Watched:
-    """A socket (or channel, or proxy) that counts what it received and keeps its first bytes:
-    a peer that closed before saying anything dropped the connection; one that spoke, but no
-    SSH banner line, is no sshd (whether it then closed or reset the connection)."""
+    """A socket (or channel, or proxy) that counts what it received, keeps its first bytes and
+    the time of the last ones: a peer that closed before saying anything dropped the
+    connection; one that spoke, but no SSH banner line, is no sshd (whether it then closed or
+    reset the connection); one that stays silent is probed by the keepalive."""
 
     HEAD = 4096
 
@@ -173,6 +204,7 @@ class _Watched:
         self.head = b""
         self.peer_closed = False  # the peer closed or reset its side
         self.opened = time.monotonic()
+        self.last_received = self.opened
 
     def recv(self, size: int) -> bytes:
         try:
@@ -180,6 +212,8 @@ class _Watched:
         except ConnectionError:
             self.peer_closed = True
             raise
+        if data:
+            self.last_received = time.monotonic()
         self.received += len(data)
         self.peer_closed = self.peer_closed or (size > 0 and not data)
         if len(self.head) < self.HEAD:
@@ -262,10 +296,17 @@ def connect(target: SSHTarget, *, accept_new_host_key: bool = False) -> Connecti
         for jump in jumps:
             jump.close()
         raise
-    transport = client.get_transport()
-    if transport is not None:
-        transport.set_keepalive(15)  # notice a dead peer during long, quiet commands
-    return Connection(client=client, jumps=jumps)
+    connection = Connection(client=client, jumps=jumps)
+    watched = sock
+    assert watched is not None
+    connection.watchdog = Watchdog(
+        connection.transport,
+        lambda: watched.last_received,
+        target.alive,
+        where=target.description,
+    )
+    connection.watchdog.start()
+    return connection
 
 
 def _transport_factory(known_types: list[str]) -> Any:
@@ -390,6 +431,11 @@ def _failure(
     ):
         when = "during the SSH handshake" if received else "before saying anything"
         return ConnectionDropped(f"{where} closed the connection {when} ({_dropped(exc)})")
+    if "Authentication timeout" in reason:  # paramiko's: the server went silent, no refusal
+        return ConnectionDropped(
+            f"{where} stopped answering during the SSH handshake (no answer to the "
+            f"authentication within ConnectTimeout, {target.connect_timeout:g} s)"
+        )
     key_files, use_agent = offered
     if isinstance(exc, paramiko.PasswordRequiredException):
         return AuthenticationFailed(

@@ -1,17 +1,23 @@
 """Run an argv somewhere and collect its exit code and output: a local subprocess or SSH.
 
 Both transports give the same contract:
-- `run(argv, stdin=…, timeout=…) -> Result`: stdin is bytes or a binary file object, which is
-  copied in chunks (or `HeldOpen(bytes)`: no end of input until the command exits) while stdout and stderr are read concurrently (a command that writes more than
-  a pipe or channel window holds never blocks against us).
+- `run(argv, stdin=…, timeout=…, cap=…, watch=…) -> Result`: stdin (`stdin.Stdin`) is copied
+  in chunks while stdout and stderr are read concurrently (a command that writes more than a
+  pipe or channel window holds never blocks against us); `watch` sees stdout as it comes.
 - `stream(argv) -> StreamResult`: an iterator of stdout chunks as they arrive. When it is
   exhausted, `exit_code` and `stderr` are set on it; `close()` abandons the command early.
 - A program that does not exist exits 127 and one killed by a signal exits 128+signal (local)
   or -1 (SSH: the server reports a signal, not a status), as a shell would report.
+- What is kept of the output is bounded (`bounded.py`): stdout's first `cap` bytes, stderr's
+  last `STDERR_CAP`, the rest counted in `Result.stdout_more`/`stderr_more`: a place that
+  prints without end costs time, never memory. `timeout` bounds the command, a `Watch` moves
+  its bound as its stdout arrives; time up: the command is ended (locally its process group
+  killed; over SSH its channel closed), its stdin closed, `CommandTimedOut` raised.
 
 `SSHTransport` holds ONE paramiko connection, opened on first use and shared by every command
 (each command is a channel on it). `connections_opened` counts real connections. If the
-connection dies, the command in flight raises `ConnectionFailed`; `reconnect()` opens a new one.
+connection dies, the command in flight raises `ConnectionFailed` (`ConnectionDropped` once the
+keepalive declared a silent peer dead); `reconnect()` opens a new one.
 Commands never get a pty: bytes on stdin/stdout must pass unchanged.
 """
 
@@ -27,10 +33,24 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, BinaryIO, Protocol, runtime_checkable
+from typing import IO, TYPE_CHECKING, Protocol, runtime_checkable
 
 from dflash_ops.connect import shell
+from dflash_ops.connect.bounded import (
+    CHUNK,
+    STDERR_CAP,
+    STDOUT_CAP,
+    Clock,
+    Collector,
+    TimeUp,
+    Watch,
+    collectors,
+    exited,
+    joined,
+)
+from dflash_ops.connect.stdin import HeldOpen, Stdin, chunks_of, let_go
 from dflash_ops.errors import CommandTimedOut, ConnectionFailed
+from dflash_ops.untrusted import more
 
 if TYPE_CHECKING:  # paramiko (~0.1-0.3 s to import) loads only when an SSH command runs
     import paramiko
@@ -38,32 +58,18 @@ if TYPE_CHECKING:  # paramiko (~0.1-0.3 s to import) loads only when an SSH comm
     from dflash_ops.connect.ssh_config import SSHTarget
     from dflash_ops.connect.ssh_connect import Connection
 
-CHUNK = 64 * 1024
-
-
-@dataclass(frozen=True)
-class HeldOpen:
-    """stdin `data`, then no end of input: the command's stdin stays open until it exits.
-
-    Its stdin reaching EOF before then tells the command that whoever started it is gone (this
-    process killed, the connection dropped): a long remote command watches it to stop acting
-    on an authority it no longer has (`remote/site.sh`).
-    """
-
-    data: bytes = b""
-
-
-Stdin = bytes | bytearray | memoryview | BinaryIO | HeldOpen | None
-
 
 @dataclass(frozen=True)
 class Result:
-    """What a finished command left behind."""
+    """What a finished command left behind (`stdout_more`/`stderr_more`: bytes read beyond what
+    was kept, after the kept stdout and before the kept stderr)."""
 
     argv: tuple[str, ...]
     exit_code: int
     stdout: bytes
     stderr: bytes
+    stdout_more: int = 0
+    stderr_more: int = 0
 
     @property
     def ok(self) -> bool:
@@ -71,11 +77,13 @@ class Result:
 
     @property
     def stdout_text(self) -> str:
-        return self.stdout.decode("utf-8", errors="replace")
+        return self.stdout.decode("utf-8", errors="backslashreplace")
 
     @property
     def stderr_text(self) -> str:
-        return self.stderr.decode("utf-8", errors="replace")
+        """stderr as text, after a first line saying how much came before it, if anything."""
+        text = self.stderr.decode("utf-8", errors="backslashreplace")
+        return f"{more(self.stderr_more)} before this:\n{text}" if self.stderr_more else text
 
 
 @runtime_checkable
@@ -84,7 +92,13 @@ class Transport(Protocol):
     connections_opened: int
 
     def run(
-        self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        cap: int = STDOUT_CAP,
+        watch: Watch | None = None,
     ) -> Result: ...
 
     def stream(self, argv: Sequence[str]) -> StreamResult: ...
@@ -148,20 +162,6 @@ class StreamResult(Iterator[bytes]):
         self.close()
 
 
-def _chunks_of(stdin: Stdin) -> Iterator[bytes]:
-    if stdin is None:
-        return
-    if isinstance(stdin, HeldOpen):
-        stdin = stdin.data
-    if isinstance(stdin, bytes | bytearray | memoryview):
-        view = memoryview(stdin)
-        for start in range(0, len(view), CHUNK):
-            yield bytes(view[start : start + CHUNK])
-        return
-    while chunk := stdin.read(CHUNK):
-        yield chunk
-
-
 def _pipe(stream: IO[bytes] | None) -> io.BufferedReader:
     """One of Popen's pipes as what it is (a buffered reader, whose `read1` returns what has
     arrived rather than waiting for a full chunk)."""
@@ -169,33 +169,8 @@ def _pipe(stream: IO[bytes] | None) -> io.BufferedReader:
     return stream
 
 
-class _Collector(threading.Thread):
-    """Reads a stream to its end in the background (so two pipes never block each other)."""
-
-    def __init__(self, read: Callable[[int], bytes]) -> None:
-        super().__init__(daemon=True)
-        self._read = read
-        self.parts: list[bytes] = []
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            while chunk := self._read(CHUNK):
-                self.parts.append(chunk)
-        except BaseException as exc:  # reported by whoever joins us
-            self.error = exc
-
-    @property
-    def data(self) -> bytes:
-        return b"".join(self.parts)
-
-
-def _deadline(timeout: float | None) -> float | None:
-    return None if timeout is None else time.monotonic() + timeout
-
-
-def _remaining(deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
+def _result(args: tuple[str, ...], code: int, out: Collector, err: Collector) -> Result:
+    return Result(args, code, out.data, err.data, stdout_more=out.more, stderr_more=err.more)
 
 
 def _argv(argv: Sequence[str]) -> tuple[str, ...]:
@@ -231,48 +206,52 @@ class LocalTransport:
         return 128 - code if code < 0 else code  # -SIGKILL → 137, like a shell
 
     def run(
-        self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        cap: int = STDOUT_CAP,
+        watch: Watch | None = None,
     ) -> Result:
         args = _argv(argv)
         proc = self._spawn(args, subprocess.PIPE)
         if proc is None:
             return Result(args, 127, b"", f"{args[0]}: command not found\n".encode())
         assert proc.stdin
-        out, err = _Collector(_pipe(proc.stdout).read1), _Collector(_pipe(proc.stderr).read1)
-        out.start()
-        err.start()
+        out, err = collectors(_pipe(proc.stdout).read1, _pipe(proc.stderr).read1, cap, watch)
         writer = threading.Thread(target=self._feed, args=(proc, stdin), daemon=True)
         writer.start()
-        deadline = _deadline(timeout)
+        clock = Clock(timeout, watch)
         try:
-            proc.wait(timeout=_remaining(deadline))
-            if isinstance(stdin, HeldOpen):
-                writer.join(_remaining(deadline))
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()
+            clock.until(lambda seconds: exited(proc, seconds))
+            let_go(stdin)  # the writer closes the command's stdin
             # Output ends when the last holder of the pipes exits, which may be a background
-            # child of the command: that is bounded by the same deadline.
+            # child of the command: that is bounded by the same clock.
             for thread in (writer, out, err):
-                thread.join(_remaining(deadline))
-                if thread.is_alive():
-                    raise subprocess.TimeoutExpired(args, timeout or 0.0)
-        except subprocess.TimeoutExpired:
+                clock.until(joined(thread))
+        except TimeUp:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            let_go(stdin)
+            with contextlib.suppress(OSError, ValueError):
+                proc.stdin.close()  # what it left running sees its caller gone (`HeldOpen`)
             proc.wait()
-            raise CommandTimedOut(f"{args[0]} did not finish within {timeout} s locally") from None
-        return Result(args, self._status(proc.returncode), out.data, err.data)
+            raise CommandTimedOut(f"{args[0]} did not finish in time locally") from None
+        finally:
+            let_go(stdin)
+        return _result(args, self._status(proc.returncode), out, err)
 
     @staticmethod
     def _feed(proc: subprocess.Popen[bytes], stdin: Stdin) -> None:
         assert proc.stdin is not None
         try:
-            for chunk in _chunks_of(stdin):
+            for chunk in chunks_of(stdin):
                 proc.stdin.write(chunk)
             if isinstance(stdin, HeldOpen):
-                proc.stdin.flush()  # `run` closes it once the command has exited
-            else:
-                proc.stdin.close()
+                proc.stdin.flush()
+                stdin.ended.wait()  # until the command exited, or we let go of it
+            proc.stdin.close()
         except (BrokenPipeError, ValueError):
             pass  # the command exited without reading all of its input, as `head` does
 
@@ -283,7 +262,7 @@ class LocalTransport:
             missing = f"{args[0]}: command not found\n".encode()
             return StreamResult(args, iter(()), lambda: (127, missing), lambda: None)
         stdout = _pipe(proc.stdout)
-        err = _Collector(_pipe(proc.stderr).read1)
+        err = Collector(_pipe(proc.stderr).read1, cap=STDERR_CAP, tail=True)
         err.start()
 
         def chunks() -> Iterator[bytes]:
@@ -355,7 +334,7 @@ class SSHTransport:
                 self._conn = connect(self.target, accept_new_host_key=self.accept_new_host_key)
                 self.connections_opened += 1
             elif not self._conn.is_active():
-                raise ConnectionFailed(
+                raise self._conn.dropped(self.description) or ConnectionFailed(
                     f"The connection to {self.description} was lost",
                     hint="Call reconnect() (the CLI does so with backoff) or run the command again.",
                 )
@@ -382,14 +361,17 @@ class SSHTransport:
         import paramiko
 
         conn = self._connection()
+        wait = max(self.target.connect_timeout, self.target.alive.bound + 1)  # keepalive first
         try:
-            channel = conn.transport.open_session(timeout=self.target.connect_timeout)
+            channel = conn.transport.open_session(timeout=wait)
             channel.exec_command(shell.quote_argv(args))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise self._lost(args, exc) from None
         return channel
 
     def _lost(self, args: tuple[str, ...], exc: BaseException | None = None) -> ConnectionFailed:
+        if self._conn is not None and (dropped := self._conn.dropped(self.description, args[0])):
+            return dropped
         why = f": {exc}" if exc else ""
         return ConnectionFailed(
             f"The connection to {self.description} was lost while running {args[0]}{why}",
@@ -412,39 +394,49 @@ class SSHTransport:
         raise self._lost(args)
 
     def run(
-        self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        cap: int = STDOUT_CAP,
+        watch: Watch | None = None,
     ) -> Result:
         args = _argv(argv)
-        deadline = _deadline(timeout)
+        clock = Clock(timeout, watch)
         channel = self._open(args)
-        out, err = _Collector(channel.recv), _Collector(channel.recv_stderr)
-        out.start()
-        err.start()
+        out, err = collectors(channel.recv, channel.recv_stderr, cap, watch)
         writer = threading.Thread(target=self._feed, args=(channel, stdin), daemon=True)
         writer.start()
         try:
-            for thread in (writer, out, err):
-                thread.join(_remaining(deadline))
-                if thread.is_alive():
-                    raise CommandTimedOut(
-                        f"{args[0]} did not finish within {timeout} s on {self.description}"
-                    )
+            for thread in (out, err, writer):  # a held stdin ends once the output has
+                if thread is writer:
+                    let_go(stdin)
+                clock.until(joined(thread))
             code = self._exit_status(channel, args)
+        except TimeUp:
+            # Closing the channel closes the command's stdin at the server: what watches it
+            # (`HeldOpen`) ends there.
+            raise CommandTimedOut(
+                f"{args[0]} did not finish in time on {self.description}"
+            ) from None
         finally:
+            let_go(stdin)
             channel.close()
         if out.error or err.error:
             raise self._lost(args, out.error or err.error)
-        return Result(args, code, out.data, err.data)
+        return _result(args, code, out, err)
 
     @staticmethod
     def _feed(channel: paramiko.Channel, stdin: Stdin) -> None:
         import paramiko
 
         try:
-            for chunk in _chunks_of(stdin):
+            for chunk in chunks_of(stdin):
                 channel.sendall(chunk)
-            if not isinstance(stdin, HeldOpen):  # held: the channel's close ends it
-                channel.shutdown_write()
+            if isinstance(stdin, HeldOpen):
+                stdin.ended.wait()  # until the command exited, or we let go of it
+            channel.shutdown_write()
         except (OSError, EOFError, paramiko.SSHException):
             pass  # the command ended (or the connection died) before reading all input
 
@@ -454,7 +446,7 @@ class SSHTransport:
         args = _argv(argv)
         channel = self._open(args)
         channel.shutdown_write()
-        err = _Collector(channel.recv_stderr)
+        err = Collector(channel.recv_stderr, cap=STDERR_CAP, tail=True)
         err.start()
 
         def chunks() -> Iterator[bytes]:

@@ -44,6 +44,9 @@ Names = list[str]  # `list` is also a method of Checkpoints
 # The name `archive_dest` gives a run: a UTC time to the millisecond. Nothing else is a run.
 RUN_PATTERN = r"^[0-9]{8}T[0-9]{6}\.[0-9]{3}Z$"
 _RUN = re.compile(RUN_PATTERN)
+# What the trainer writes into the folder: `step-NNNNNNNN/` and, while writing,
+# `.tmp-step-NNNNNNNN-PID/` (trainer/checkpoint.py), always real folders.
+_CHECKPOINT = re.compile(r"^(step-[0-9]{8}|\.tmp-step-[0-9]{8}-[0-9]+)$")
 
 # Names of the entries of folder $1, NUL-separated; nothing when the folder does not exist.
 # With $2 = 1 a folder's size is what it holds (`du -sk`, in bytes), not its 4,096-byte entry.
@@ -116,6 +119,8 @@ class PrunePlan:
 class Listing:
     live: list[Entry]
     archived: dict[str, list[Entry]]  # archive stamp → its entries
+    # one message per live entry named like a checkpoint that the trainer did not make
+    foreign: list[str] = field(default_factory=list)
 
 
 class Checkpoints:
@@ -138,12 +143,8 @@ class Checkpoints:
         result = self.place.run(
             ["bash", "-c", _ENTRIES, "dflash-ls", folder or self.path, "1" if sizes else "0"]
         )
-        entries = []
-        for record in result.stdout.decode("utf-8", "surrogateescape").split("\0"):
-            if not record:
-                continue
-            name, kind, size, mtime = record.rsplit("\t", 3)
-            entries.append(Entry(name=name, kind=kind, size=int(size), mtime=float(mtime)))
+        records = result.stdout.decode("utf-8", "surrogateescape").split("\0")
+        entries = [entry for record in records if (entry := _entry(record)) is not None]
         return sorted(entries, key=lambda e: e.name)
 
     def archive_dest(self, *, now: dt.datetime | None = None) -> str:
@@ -158,7 +159,8 @@ class Checkpoints:
             for stamp in self.entries(self.archive_dir)
             if is_run(stamp)
         }
-        return Listing(live=live, archived=archived)
+        foreign = [_not_a_checkpoint(self.path, e) for e in live if not is_checkpoint_like(e)]
+        return Listing(live=live, archived=archived, foreign=foreign)
 
     def archived(self) -> tuple[Entries, Names]:
         """The archived runs (`is_run`, sized with `du`), oldest first, and one message per
@@ -176,6 +178,19 @@ class Checkpoints:
         if not name or "/" in name or name in (".", "..") or "\0" in name:
             raise CheckpointPathError(f"Refusing {name!r}: not an entry of {folder or self.path}.")
         return f"{folder or self.path}/{name}"
+
+
+def _entry(record: str) -> Entry | None:
+    """One `NAME<TAB>KIND<TAB>SIZE<TAB>MTIME` record; None for one that is not (the end of a
+    listing cut at its bound)."""
+    fields = record.rsplit("\t", 3)
+    if len(fields) != 4 or not fields[2].isdigit():
+        return None
+    name, kind, size, mtime = fields
+    try:
+        return Entry(name=name, kind=kind, size=int(size), mtime=float(mtime))
+    except ValueError:
+        return None
 
 
 # Run by the job's python in a folder holding `trainer/` (the current release): for each folder
@@ -229,6 +244,22 @@ def choose(runs: Sequence[Run], *, keep: int, live: str | None) -> list[Verdict]
 def is_run(entry: Entry) -> bool:
     """An archived run: a real folder (not a link) named as `archive_dest` names it."""
     return entry.kind == "d" and _RUN.fullmatch(entry.name) is not None
+
+
+def is_checkpoint_like(entry: Entry) -> bool:
+    """False for an entry named like the trainer's checkpoints that the trainer did not make (a
+    link, a file, another `step-…` name): the trainer leaves it alone, and so does every
+    command here."""
+    if not entry.name.startswith(("step-", ".tmp-step-")):
+        return True
+    return entry.kind == "d" and _CHECKPOINT.fullmatch(entry.name) is not None
+
+
+def _not_a_checkpoint(folder: str, entry: Entry) -> str:
+    what = {"l": "a symbolic link", "d": "a folder not named step-NNNNNNNN"}.get(
+        entry.kind, "not a folder"
+    )
+    return f"left alone {folder}/{entry.name}: {what}, not a checkpoint the trainer wrote"
 
 
 def _not_a_run(folder: str, entry: Entry) -> str:

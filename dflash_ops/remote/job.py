@@ -5,8 +5,9 @@ file and the pane is kept after the process exits (`remain-on-exit on`), so the 
 still be read (`#{pane_dead_status}`). Starting and stopping are steps of the site program
 (`remote/site.sh`: `job_start`, `job_stop`), run by deploy, restart, rollback and stop inside
 their one command; this module gives them their arguments (`start_args`, `stop_ticks`) and reads
-their answer (`parse_line`, `start_failed`). Reading the state goes through libtmux locally and
-through the place elsewhere (the same tmux argv).
+their answer (`parse_line`, `start_failed`). Reading the state runs the same tmux argv through
+the place, bounded like every command there (its time and what it may print: a tmux that hangs
+or floods is the place's fault, never a hung or bloated dflash).
 
 Nothing here knows what the command is: the release layer decides that.
 """
@@ -18,10 +19,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from dflash_ops.connect import shell
 from dflash_ops.errors import ConnectionFailed, DflashError, JobRunning
+from dflash_ops.untrusted import clip, last_line
 
 if TYPE_CHECKING:
     from dflash_ops.connect.place import Place
@@ -54,15 +56,44 @@ _FOLLOW = (
     "done\n"
 )
 
-# Prints the log's size, then its last N lines up to that size (so a follower can resume from
-# exactly the byte after what was printed).
+# Prints the log's size and the bytes before its last $3, then its last $2 lines among those
+# bytes, up to that size (so a follower can resume from exactly the byte after what was
+# printed). `tail -c +N` seeks: a log of any size costs $3 bytes at most.
 _SIZE_AND_TAIL = (
-    's=$(stat -c %s -- "$1" 2>/dev/null) || { echo -1; exit 0; }\n'
-    'echo "$s"\n'
-    'head -c "$s" -- "$1" | tail -n "$2"\n'
+    's=$(stat -c %s -- "$1" 2>/dev/null) || { echo -1 0; exit 0; }\n'
+    "b=$(( s > $3 ? s - $3 : 0 ))\n"
+    'echo "$s $b"\n'
+    'tail -c "+$((b + 1))" -- "$1" | head -c "$((s - b))" | tail -n "$2"\n'
 )
 
 _MISSING = ("can't find session", "no server running", "error connecting", "can't find window")
+_NOT_CLOSED = "tmux did not close the job session"  # site.sh's `job_end`, after five kills
+TMUX_CAP = 64 * 1024  # bytes of a tmux answer kept (a pane's state line is under 100)
+
+
+LOG_CAP = 1024 * 1024  # bytes of the log's end `tail` reads (`dflash logs` without --follow)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogTail:
+    """The log's last lines: `body`, the log's size they end at (`size`, -1: no log yet), and
+    how many bytes of the log lie before them when the first of them was cut to the bound
+    (`cut`, else 0)."""
+
+    body: bytes
+    size: int
+    cut: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartUp:
+    """How a job's start-up went, as site.sh's `ready` step saw it: `ready` (its readiness
+    line, or its first line), `ended` (with its state and the log's last lines), `starting`
+    (neither within the wait) or `interrupted` (the caller let go during the wait)."""
+
+    outcome: Literal["ready", "ended", "starting", "interrupted"]
+    state: JobState | None = None
+    lines: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,14 +145,12 @@ class Job:
         session: str,
         log: str,
         socket: str = "dflash",
-        local: bool = False,
         stop_timeout: float = 30.0,
     ) -> None:
         self.place = place
         self.session = shell.session_name(session)
         self.socket = shell.session_name(socket)
         self.log = log
-        self.local = local
         self.stop_timeout = stop_timeout
 
     # tmux -------------------------------------------------------------------------------
@@ -132,34 +161,21 @@ class Job:
         return ["tmux", "-L", self.socket, "attach-session", "-t", f"={self.session}"]
 
     def tmux(self, *args: str) -> TmuxResult:
-        """`tmux -L <socket> ARGS…`, locally through libtmux, elsewhere through the place."""
+        """`tmux -L <socket> ARGS…` at the place."""
         args = tuple(a if a == ";" else tmux_arg(a) for a in args)
         # Only the subcommands: arguments may hold env values, which may be secrets.
         commands = [args[0], *(args[i + 1] for i, a in enumerate(args[:-1]) if a == ";")]
         log.debug("tmux -L %s %s on %s", self.socket, " ; ".join(commands), self.place.description)
-        if self.local:
-            import libtmux
-            from libtmux import exc as libtmux_exc
-
-            try:
-                proc = libtmux.Server(socket_name=self.socket).cmd(*args)
-            except libtmux_exc.TmuxCommandNotFound:
-                raise _tmux_missing("this machine") from None
-            return TmuxResult(proc.returncode, "\n".join(proc.stdout), "\n".join(proc.stderr))
-        result = self.place.run(["tmux", "-L", self.socket, *args], check=False)
+        result = self.place.run(["tmux", "-L", self.socket, *args], check=False, cap=TMUX_CAP)
         if result.exit_code == 127:
             raise _tmux_missing(self.place.description)
-        return TmuxResult(
-            result.exit_code,
-            result.stdout.decode("utf-8", "replace"),
-            result.stderr.decode("utf-8", "replace"),
-        )
+        return TmuxResult(result.exit_code, result.stdout_text, result.stderr_text)
 
     def _check(self, result: TmuxResult, what: str) -> TmuxResult:
         if result.exit_code != 0:
             raise DflashError(
                 f"tmux could not {what} for session {self.session!r} on "
-                f"{self.place.description}: {result.stderr.strip() or 'no error output'}",
+                f"{self.place.description}: {last_line(result.stderr)}",
                 hint=f"Look at the session by hand: tmux -L {self.socket} ls",
             )
         return result
@@ -202,13 +218,21 @@ class Job:
                 return gone, None, False
             self._check(result, "read the session")
         line = (result.stdout.splitlines() or [""])[0]
-        dead, status, signal, pid, created, server = (line.split("|") + [""] * 6)[:6]
+        fields = (line.split("|") + [""] * 6)[:6]
+        if not all(f.isascii() and (f.isdigit() or not f) for f in fields):
+            raise DflashError(
+                f"tmux answered something else than the state of session {self.session!r} on "
+                f"{self.place.description}: {clip(line)}",
+                hint=f"Look at the session by hand: tmux -L {self.socket} ls",
+            )
+        dead, status, signal, pid, created, server = fields
         # tmux marks the pane dead when its terminal closes and records the status when it
-        # reaps the process, a moment apart: the job has ended once the status is known.
+        # reaps the process, a moment apart (and a process that left the job's group can hold
+        # the terminal open after the job): the job has ended once the status is known.
         exit_code: int | None = None
-        if dead == "1" and status:
+        if status.isdigit():
             exit_code = int(status)
-        elif dead == "1" and signal:
+        elif signal.isdigit():
             exit_code = 128 + int(signal)
         state = JobState(
             session=self.session,
@@ -219,11 +243,6 @@ class Job:
             started_at=float(created) if created else None,
         )
         return state, int(server) if server.isdigit() else None, dead == "1"
-
-    @property
-    def log_dir(self) -> str:
-        """The log's folder, created by the start."""
-        return _parent(self.log)
 
     def start_args(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str]) -> list[str]:
         """tmux's arguments that start `argv` in `cwd` with `env` (site.sh's `job_start` runs
@@ -263,6 +282,20 @@ class Job:
     def tmux_missing(self) -> DflashError:
         return _tmux_missing(self.place.description)
 
+    def stop_failed(self, exit_code: int, stderr: str) -> DflashError | None:
+        """What site.sh's `job_stop` exit says: tmux missing, or a session tmux did not close
+        after the job stopped (None: the caller quotes the error)."""
+        if exit_code == 127:
+            return self.tmux_missing()
+        if _NOT_CLOSED not in stderr:
+            return None
+        return DflashError(
+            f"The job on {self.place.description} was stopped, but tmux did not close its "
+            f"session {self.session!r}; nothing was archived or started.",
+            hint=f"Look at it: tmux -L {self.socket} ls; end it by hand (tmux -L {self.socket} "
+            f"kill-session -t {self.session}), then run the command again.",
+        )
+
     def _stop_waits(self, timeout: float | None, save: bool = True) -> tuple[float, float, float]:
         """Seconds to wait after SIGINT (`stop_timeout`; none without `save`), SIGTERM (at most
         10) and SIGKILL (5)."""
@@ -277,8 +310,8 @@ class Job:
         return [str(max(1, round(s * 10)) if s else 0) for s in waits]
 
     def stop_seconds(self, timeout: float | None = None) -> float:
-        """The longest site.sh's `job_stop` can take, with room for the commands around it."""
-        return sum(self._stop_waits(timeout)) + 30.0
+        """The longest site.sh's `job_stop` waits for the job (its three signals' waits)."""
+        return sum(self._stop_waits(timeout))
 
     def parse_line(self, line: str) -> JobState:
         """The `JobState` of a state line printed by site.sh (`stopped`, `started`)."""
@@ -286,19 +319,25 @@ class Job:
 
     # log --------------------------------------------------------------------------------
 
-    def tail(self, lines: int) -> tuple[bytes, int]:
-        """The last `lines` lines of the log and the byte size they end at (-1: no log yet)."""
-        result = self.place.run(
-            ["bash", "-c", _SIZE_AND_TAIL, "dflash-tail", self.log, str(max(0, lines))]
-        )
+    def tail(self, lines: int, *, cap: int = LOG_CAP) -> LogTail:
+        """The last `lines` lines of the log among its last `cap` bytes, read at the place."""
+        argv = ["bash", "-c", _SIZE_AND_TAIL, "dflash-tail", self.log, str(max(0, lines))]
+        result = self.place.run([*argv, str(max(1, cap))], cap=cap + 64)
         head, _, body = result.stdout.partition(b"\n")
-        size = int(head.strip() or b"-1")
-        return (body if size > 0 else b""), size
+        size, _, before = head.decode("ascii", "replace").partition(" ")
+        end = int(size) if size.lstrip("-").isdigit() else -1
+        skipped = int(before) if before.isdigit() else 0
+        body = body if end > 0 else b""
+        # All `cap` bytes came back: fewer lines than asked fit, so the first one may be cut.
+        cut = skipped if skipped and len(body) >= end - skipped else 0
+        return LogTail(body=body, size=end, cut=cut)
 
-    def read_from(self, offset: int) -> bytes:
-        """Every byte of the log from `offset` on (empty when there is no log)."""
-        result = self.place.run(["tail", "-c", f"+{offset + 1}", "--", self.log], check=False)
-        return result.stdout if result.exit_code == 0 else b""
+    def read_from(self, offset: int, write: Callable[[bytes], None]) -> None:
+        """Every byte of the log from `offset` on to `write`, as it comes (nothing when there is
+        no log)."""
+        with self.place.stream(["tail", "-c", f"+{offset + 1}", "--", self.log]) as rest:
+            for chunk in rest:
+                write(chunk)
 
     def follow(
         self,
@@ -341,9 +380,7 @@ class Job:
                     if current.running:
                         time.sleep(poll)  # the process is gone, tmux has not reaped it yet
                 if not current.running:
-                    rest = self.read_from(max(offset, 0))
-                    if rest:
-                        write(rest)
+                    self.read_from(max(offset, 0), write)
                     return current
             except ConnectionFailed as exc:
                 failures += 1
@@ -356,11 +393,6 @@ class Job:
                     self.place = reconnect()
                 except ConnectionFailed as again:
                     log.warning("reconnect failed: %s", again)
-
-
-def _parent(path: str) -> str:
-    head, _, _ = path.rpartition("/")
-    return head or "/"
 
 
 def _tmux_missing(where: str) -> DflashError:

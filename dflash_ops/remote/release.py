@@ -35,6 +35,7 @@ from dflash_ops.connect import shell
 from dflash_ops.errors import ReleaseError
 from dflash_ops.remote.launch import COMMAND_FILE, TRAIN_CONFIG, LaunchPlan, render
 from dflash_ops.settings import toml_writer
+from dflash_ops.untrusted import last_line
 
 if TYPE_CHECKING:
     from dflash_ops.connect.place import Place
@@ -161,14 +162,14 @@ class Releases:
     def unpack_failed(self, release_id: str, stderr: str) -> ReleaseError:
         return ReleaseError(
             f"Could not unpack release {release_id} into {self.root}/releases on "
-            f"{self.place.description}: {_last_line(stderr)}",
+            f"{self.place.description}: {last_line(stderr)}",
             hint="Check free space and permissions there; the current release is unchanged.",
         )
 
     def switch_failed(self, release_id: str, stderr: str) -> ReleaseError:
         return ReleaseError(
             f"Could not switch {self.current_path} to release {release_id} on "
-            f"{self.place.description}: {_last_line(stderr)}",
+            f"{self.place.description}: {last_line(stderr)}",
             hint=f"{self.current_path} must be a symlink (or absent); check it by hand.",
         )
 
@@ -192,7 +193,8 @@ class Releases:
         for record in result.stdout.decode("utf-8", "replace").split("\0"):
             if not record:
                 continue
-            name, size, meta_text = record.split("\t", 2)
+            name, _, rest = record.partition("\t")
+            size, _, meta_text = rest.partition("\t")
             if not RELEASE_ID.fullmatch(name):
                 continue
             try:
@@ -255,11 +257,6 @@ def previous(releases: list[str], current: str | None) -> str | None:
     """The newest release older than `current` (ids sort by time), or None."""
     older = [r for r in sorted(releases) if current is not None and r < current]
     return older[-1] if older else None
-
-
-def _last_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    return lines[-1] if lines else "no error output"
 
 
 def checked_id(release_id: str) -> str:

@@ -9,29 +9,35 @@ settings.
     [targets.NAME]      named targets (`--target NAME`), same fields as [target]
     [job]               the tmux session, its log, environment, GPU split, optional command
                         (`job_config.py`)
+    [venv]              the job's python as a venv dflash builds at the place (`venv_config.py`)
     [train]             opaque to us: handed to the trainer as a TOML file
 
 Precedence for a target's fields: command-line flags > the selected target's fields > per-place
 defaults (at a remote place, `root` and `checkpoints` default to this project's own folders:
-`settings/project.py`). Selection: `--target NAME` or `--host`, else the target last deployed from this folder
-(`.dflash/state.json`), else `[target]`.
+`settings/project.py`). Selection: `--target NAME` or `--host`, else the target last deployed
+from this folder (`.dflash/state.json`), else `[target]`. Flags override only what they name:
+`--host H --ct N` start from the table of deploy.toml for that place, else from a remote
+`[target]` (with a note).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from dflash_ops.connect import shell, ssh_names
+from dflash_ops.connect.place import DEFAULT_TIMEOUT
 from dflash_ops.errors import ConfigError, UnsafeValue
 from dflash_ops.settings import project
 from dflash_ops.settings.job_config import JobConfig, job_config
-from dflash_ops.settings.toml_keys import INT, STR, TABLE, Schema, check_keys, type_error
+from dflash_ops.settings.toml_keys import INT, NUM, STR, TABLE, Schema, check_keys, type_error
+from dflash_ops.settings.venv_config import VenvConfig, venv_config
 
 CONFIG_ENV = "DFLASH_CONFIG"
 DEFAULT_CONFIG_NAME = "deploy.toml"
@@ -50,11 +56,13 @@ _TARGET_KEYS: Schema = {
     "root": STR,
     "checkpoints": STR,
     "python": STR,
+    "timeout": NUM,
 }
 _TOP_KEYS: Schema = {
     "target": TABLE,
     "targets": TABLE,
     "job": TABLE,
+    "venv": TABLE,
     "train": TABLE,
 }
 
@@ -77,10 +85,27 @@ class TargetFlags:
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
+    def describe(self) -> str:
+        """The place flags as typed: `--host H --ct N`."""
+        return " ".join(f"--{k} {v}" for k, v in self.to_json().items() if k in ("host", "ct"))
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TargetFlags:
         known = {k: data[k] for k in ("target", "host", "user", "port", "ct") if k in data}
         return cls(**known)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Venv:
+    """The job's venv at a target: where it is, what it is made from and with."""
+
+    folder: str  # <root>/venvs/<key>
+    base: str  # the interpreter that creates it: the target's `python`
+    config: VenvConfig
+
+    @property
+    def python(self) -> str:
+        return f"{self.folder}/bin/python"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,7 +120,10 @@ class Target:
     ct: int | None = None
     root: str
     checkpoints: str
-    python: str
+    python: str  # the job's interpreter: the venv's with [venv]
+    note: str = ""  # which table of deploy.toml gave the keys the flags did not name
+    venv: Venv | None = None  # [venv]: the job's python is built at the place
+    timeout: float = DEFAULT_TIMEOUT  # seconds one command (one step) may take at the place
 
     @property
     def remote(self) -> bool:
@@ -120,6 +148,7 @@ class Config:
     targets: Mapping[str, Mapping[str, Any]]
     job: JobConfig
     train: Mapping[str, Any]
+    venv: VenvConfig | None = None
 
     @property
     def project_dir(self) -> Path:
@@ -177,6 +206,7 @@ def load_config(path: Path) -> Config:
         targets=targets,
         job=job,
         train=raw.get("train", {}),
+        venv=venv_config(raw.get("venv"), path=path),
     )
 
 
@@ -185,6 +215,9 @@ def resolve_target(config: Config, flags: TargetFlags, *, remembered: TargetFlag
 
     Flags that select a target (`--target`, `--host`) win; otherwise the target remembered from
     the last deploy from this folder is used, with `--user`/`--port` still applied on top.
+    `--host` without `--target` starts from a table of deploy.toml (`_table_for_place`), so
+    the keys the flags do not name keep their values; `Target.note` says when that table is
+    for another place.
     """
     if flags.ct is not None and flags.host is None:
         raise ConfigError(
@@ -202,6 +235,7 @@ def resolve_target(config: Config, flags: TargetFlags, *, remembered: TargetFlag
             port=flags.port if flags.port is not None else remembered.port,
         )
     table: Mapping[str, Any]
+    note = ""
     if chosen.target == DEFAULT_TARGET and DEFAULT_TARGET not in config.targets:
         table, name = config.default_target, DEFAULT_TARGET  # --target default: [target]
     elif chosen.target is not None:
@@ -209,10 +243,12 @@ def resolve_target(config: Config, flags: TargetFlags, *, remembered: TargetFlag
             raise _no_such_target(config, chosen.target, remembered=chosen is not flags)
         table, name = config.targets[chosen.target], chosen.target
     elif chosen.host is not None:
-        table, name = {}, chosen.host if chosen.ct is None else f"{chosen.host}/ct{chosen.ct}"
+        table, name, note = _table_for_place(config, chosen)
     else:
         table, name = config.default_target, DEFAULT_TARGET
     fields = dict(table)
+    if chosen.host is not None and chosen.ct is None and chosen.target is None:
+        fields.pop("ct", None)  # `--host H` alone is an SSH host, whatever the base table says
     if fields.get("place", "local") == "local" and "host" not in fields and chosen.host is None:
         for key in ("user", "port"):
             if getattr(flags, key) is not None and key not in table:
@@ -229,7 +265,40 @@ def resolve_target(config: Config, flags: TargetFlags, *, remembered: TargetFlag
         value = getattr(chosen, key)
         if value is not None:
             fields[key] = value
-    return _finish_target(name, fields, config=config)
+    return replace(_finish_target(name, fields, config=config), note=note)
+
+
+_PLACE_KEYS = ("place", "host", "ct")  # what `--host`/`--ct` name; the other keys are kept
+
+
+def _table_for_place(config: Config, flags: TargetFlags) -> tuple[Mapping[str, Any], str, str]:
+    """The table `--host H [--ct N]` starts from, its name, and a note for the user.
+
+    Flags override only what they name: a table of deploy.toml for that very place (the same
+    host and container) gives every other key (`python`, `root`, `checkpoints`, `user`,
+    `port`). For another place the remote `[target]` does, and the note says so; a local
+    `[target]` has nothing to give (its paths are this machine's).
+    """
+    tables = [(DEFAULT_TARGET, config.default_target), *config.targets.items()]
+    for name, table in tables:
+        if table.get("host") == flags.host and table.get("ct") == flags.ct:
+            return table, name, ""
+    name = str(flags.host) if flags.ct is None else f"{flags.host}/ct{flags.ct}"
+    base = config.default_target
+    if not base.get("host"):
+        return {}, name, ""
+    kept = [key for key in base if key not in _PLACE_KEYS]
+    if not kept:
+        return base, name, ""
+    where = ", ".join(f"{key} {base[key]}" for key in _PLACE_KEYS[1:] if key in base)
+    return (
+        base,
+        name,
+        (
+            f"{flags.describe()} is not the place of [target] ({where}) in "
+            f"{config.path.name}; its {', '.join(kept)} apply there too."
+        ),
+    )
 
 
 def _no_such_target(config: Config, name: str, *, remembered: bool) -> ConfigError:
@@ -308,6 +377,17 @@ def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> T
         ssh_names.check_user(user, where=f"{where}: user")
     if not python:
         raise ConfigError(f"{where}: python is empty.", hint='Set python = "python3".')
+    venv = None
+    if config.venv is not None:  # the target's python builds the venv; the job runs the venv's
+        venv = Venv(folder=config.venv.folder(root, python), base=python, config=config.venv)
+        python = venv.python
+    timeout = fields.get("timeout", DEFAULT_TIMEOUT)
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ConfigError(
+            f"{where}: timeout = {timeout} is not a number of seconds above 0.",
+            hint=f"Set timeout = {DEFAULT_TIMEOUT:g} (how long one command may take there), "
+            "or more for a slow place.",
+        )
     return Target(
         name=name,
         place=place,
@@ -318,6 +398,8 @@ def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> T
         root=root,
         checkpoints=checkpoints,
         python=python,
+        venv=venv,
+        timeout=float(timeout),
     )
 
 

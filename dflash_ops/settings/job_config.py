@@ -26,6 +26,8 @@ _JOB_KEYS: Schema = {
     "command": STR,
     "socket": STR,
     "stop_timeout": NUM,
+    "start_wait": NUM,
+    "ready": STR,
     "lock_wait": NUM,
     "lock_max_age": NUM,
 }
@@ -45,6 +47,8 @@ class JobConfig:
     command: str | None = None
     socket: str | None = None  # None: keyed to the target's root (`job.socket_for`)
     stop_timeout: float = 30.0
+    start_wait: float = 20.0  # seconds deploy/restart wait for the job to be past start-up
+    ready: str | None = None  # the log line that says so (None: the trainer's, or any line)
     lock_wait: float = 10.0  # seconds a command waits for the place's deploy lock
     lock_max_age: float = 6 * 3600.0  # a lock older than this is stale wherever its holder is
 
@@ -84,10 +88,19 @@ def job_config(table: Mapping[str, Any], *, path: Path) -> JobConfig:
         )
     if job.stop_timeout <= 0:
         raise ConfigError(f"Key 'job.stop_timeout' in {path} must be more than 0 seconds.")
+    if job.start_wait < 0:
+        raise ConfigError(
+            f"Key 'job.start_wait' in {path} must be 0 or more seconds (0: do not wait).",
+        )
     if job.lock_wait < 0 or job.lock_max_age <= 0:
         raise ConfigError(
             f"Keys 'job.lock_wait' (0 or more) and 'job.lock_max_age' (more than 0) in {path} "
             "are seconds.",
+        )
+    if job.ready is not None and (not job.ready.strip() or "\n" in job.ready):
+        raise ConfigError(
+            f"Key 'job.ready' in {path} must be some text of one log line, not {job.ready!r}.",
+            hint="Set it to words the job logs once it is past start-up, or remove it.",
         )
     if job.command is not None and not job.command.strip():
         raise ConfigError(f"Key 'job.command' in {path} is empty.", hint="Remove it or set it.")

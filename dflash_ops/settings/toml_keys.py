@@ -17,6 +17,8 @@ INT = ((int,), "an integer")
 STR = ((str,), "a string")
 NUM = ((int, float), "a number")
 TABLE = ((dict,), "a table")
+BOOL = ((bool,), "true or false")
+LIST = ((list,), "an array")
 
 
 def check_keys(
@@ -35,7 +37,7 @@ def check_keys(
                 hint=f"Known keys{' in [' + prefix + ']' if prefix else ''}: {known}.",
             )
         types, words = schema[key]
-        if isinstance(value, bool) or not isinstance(value, types):
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             raise type_error(dotted, value, words, path)
 
 

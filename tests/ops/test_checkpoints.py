@@ -92,3 +92,22 @@ def test_list_gives_folders_the_size_of_what_they_hold(folder: Path) -> None:
     assert live["metrics.jsonl"].size == len('{"step": 100}\n')  # files: their own size
     assert live["tab\tname"].kind == "d" and live["odd name\nwith newline; $(x)"].kind == "f"
     assert {e.name for e in ck.entries()} == set(live)  # without sizes: the same entries
+
+
+def test_a_link_named_like_a_checkpoint_is_listed_as_left_alone(tmp_path: Path) -> None:
+    """A `step-*` link beside the trainer's checkpoints (the trainer skips it too): listed as
+    what it is, named in one warning, never followed to measure its size."""
+    folder, elsewhere = tmp_path / "ckpt", tmp_path / "elsewhere"
+    (folder / "step-00000002").mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "big").write_bytes(b"x" * 1_000_000)
+    (folder / "step-00000009").symlink_to(elsewhere)
+    (folder / ".tmp-step-00000003-7").symlink_to(elsewhere)
+    listing = checkpoints(folder).list()
+    live = {e.name: e for e in listing.live}
+    assert live["step-00000009"].kind == "l" and live["step-00000009"].size < 1_000_000
+    assert listing.foreign == [
+        f"left alone {folder}/.tmp-step-00000003-7: a symbolic link, not a checkpoint the "
+        "trainer wrote",
+        f"left alone {folder}/step-00000009: a symbolic link, not a checkpoint the trainer wrote",
+    ]

@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dflash_ops.commands import environment
+from dflash_ops.commands.checks import Setup
 from dflash_ops.errors import ConfigError
 from dflash_ops.settings import project, state, toml_writer
 from dflash_ops.settings.deploy_config import TargetFlags, find_config, load_config, resolve_target
@@ -74,6 +76,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert target.root == str(tmp_path / ".dflash" / "local")
     assert target.checkpoints == str(tmp_path / ".dflash" / "local" / "checkpoints")
     assert target.python == sys.executable
+    assert target.timeout == 120.0  # each command at the place, each step of the site program
 
 
 @pytest.mark.parametrize(
@@ -96,6 +99,16 @@ def test_defaults(tmp_path: Path) -> None:
         ("[job]\nlog = '../x'\n", "'job.log'"),
         ("[job]\nenv = { 'A B' = '1' }\n", "'job.env.A B'"),
         ("[job]\nstop_timeout = 0\n", "'job.stop_timeout'"),
+        ("[job]\nstart_wait = -1\n", "'job.start_wait'"),
+        ("[job]\nready = ' '\n", "'job.ready'"),
+        ("[venv]\ntorch_index = 'download.pytorch.org'\n", "'venv.torch_index'"),
+        ("[venv]\ntorch_index = 'https://x'\nwheels = '/w'\n", "'venv.wheels'"),
+        ("[venv]\npackages = ['--index-url=http://x']\n", "'venv.packages'"),
+        ("[venv]\nsystem_site_packages = 1\n", "'venv.system_site_packages'"),
+        ("[venv]\nwheels = 'relative'\n", "'venv.wheels'"),
+        ("[venv]\n", "trainer/requirements.txt"),
+        ("[target]\ntimeout = '60'\n", "'target.timeout'"),
+        ("[targets.a]\ntimeout = true\n", "'targets.a.timeout'"),
     ],
 )
 def test_errors_name_key_and_file(tmp_path: Path, text: str, words: str) -> None:
@@ -158,6 +171,45 @@ def test_host_flags_make_ssh_and_proxmox(tmp_path: Path) -> None:
     assert (moved.host, moved.ct, moved.checkpoints) == ("h2", 300, "/data/ckpt")
 
 
+REMOTE_DEFAULT = """
+[target]
+place = "proxmox"
+host = "10.1.2.6"
+ct = 200
+python = "/opt/venv/bin/python"
+checkpoints = "/data/ckpt"
+
+[targets.other]
+place = "ssh"
+host = "box"
+root = "/srv/dflash"
+"""
+
+
+def test_host_flags_override_only_what_they_name(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, REMOTE_DEFAULT))
+    same = resolve_target(config, TargetFlags(host="10.1.2.6", ct=200), remembered=None)
+    assert (same.name, same.python, same.checkpoints) == (
+        "default",
+        "/opt/venv/bin/python",
+        "/data/ckpt",
+    )
+    assert same.note == ""
+    named = resolve_target(config, TargetFlags(host="box"), remembered=None)
+    assert (named.name, named.root, named.python) == ("other", "/srv/dflash", "python3")
+    # Another container: [target]'s other keys still apply, and the note says which table.
+    moved = resolve_target(config, TargetFlags(host="10.1.2.7", ct=201), remembered=None)
+    assert (moved.host, moved.ct, moved.python) == ("10.1.2.7", 201, "/opt/venv/bin/python")
+    assert moved.checkpoints == "/data/ckpt" and moved.root == project.load(tmp_path).remote_root
+    assert "[target] (host 10.1.2.6, ct 200)" in moved.note and "python, checkpoints" in moved.note
+    # --host alone is an SSH host: the base table's container id does not come along.
+    host = resolve_target(config, TargetFlags(host="10.1.2.6"), remembered=None)
+    assert (host.place, host.ct, host.python) == ("ssh", None, "/opt/venv/bin/python")
+    # Remembered flags resolve the same way (what doctor, logs, status see after a deploy).
+    later = resolve_target(config, TargetFlags(), remembered=TargetFlags(host="10.1.2.6", ct=200))
+    assert later == same
+
+
 def test_ct_without_host_is_an_error(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, FULL))
     with pytest.raises(ConfigError, match="--ct needs --host"):
@@ -211,6 +263,10 @@ def test_state_round_trip(tmp_path: Path) -> None:
         ('place = "ssh"\nhost = "h"\ncheckpoints = "/"', "checkpoints"),
         ('place = "ssh"\nhost = "-oProxyCommand=x"', "host"),
         ('place = "ssh"\nhost = "h"\nport = 70000', "port"),
+        ("timeout = 0", "timeout = 0 is not a number of seconds above 0"),
+        ("timeout = -1.5", "timeout = -1.5 is not"),
+        ("timeout = inf", "timeout = inf is not"),
+        ("timeout = nan", "timeout = nan is not"),
     ],
 )
 def test_target_combinations(tmp_path: Path, fields: str, words: str) -> None:
@@ -252,3 +308,27 @@ def test_toml_writer_special_floats_and_nesting() -> None:
     assert back["a"] == {"b": {}} and back["x"] == math.inf and back["y"] == -math.inf
     assert back["z"] == [{"k": 1}]
     assert math.isnan(tomllib.loads(toml_writer.dumps({"n": math.nan}))["n"])
+
+
+def test_venv_is_the_jobs_python_keyed_by_what_it_is_built_from(tmp_path: Path) -> None:
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "requirements.txt").write_text("# comment\ntorch>=2.6\nnumpy\n")
+    text = REMOTE_DEFAULT + '[venv]\ntorch_index = "https://download.pytorch.org/whl/cu128"\n'
+    config = load_config(write(tmp_path, text))
+    target = resolve_target(config, TargetFlags(), remembered=None)
+    assert target.venv is not None and target.venv.base == "/opt/venv/bin/python"
+    assert target.python == f"{target.venv.folder}/bin/python"
+    assert target.venv.folder.startswith("/root/dflash/venvs/")
+    assert target.venv.config.requirements == "torch>=2.6\nnumpy\n"
+    assert target.venv.config.torch == "torch>=2.6"
+    other = resolve_target(config, TargetFlags(target="other"), remembered=None)
+    assert other.venv is not None and other.venv.folder != target.venv.folder  # another base
+    (tmp_path / "trainer" / "requirements.txt").write_text("torch>=2.7\nnumpy\n")
+    changed = resolve_target(load_config(tmp_path / "deploy.toml"), TargetFlags(), remembered=None)
+    assert changed.venv is not None and changed.venv.folder != target.venv.folder
+    # What the place is told: torch first from the index, then the rest; the modules checked.
+    argv = environment.venv_argv(target, Setup(target=target, job=config.job, modules=("numpy",)))
+    options = dict(zip(argv[5::2], argv[6::2], strict=False))
+    assert options["--torch-index"] == "https://download.pytorch.org/whl/cu128"
+    assert options["--torch"] == "torch>=2.6" and options["--python"] == "/opt/venv/bin/python"
+    assert argv[-1] == "numpy" and "--wheels" not in options

@@ -60,7 +60,7 @@ def configure(where: Where, train: str) -> None:
     trainer = where.project / "trainer"
     if not trainer.exists():
         shutil.copytree(REPO / "trainer", trainer, ignore=shutil.ignore_patterns("__pycache__"))
-    where.config("sleep 120")
+    where.config("echo up; exec sleep 120")
     text = (where.project / "deploy.toml").read_text().replace("[train]\ndemo = true\n", "")
     (where.project / "deploy.toml").write_text(text + train)
 

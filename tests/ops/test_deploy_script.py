@@ -97,7 +97,7 @@ def holder(**changes: object) -> str:
 def test_a_live_holder_fails_the_deploy_naming_it_and_force_takes_over(  # type: ignore[no-untyped-def]
     remote: Where, sshd
 ) -> None:
-    remote.config("sleep 60", extra="lock_wait = 0.5\n")
+    remote.config("echo up; exec sleep 60", extra="lock_wait = 0.5\n")
     remote.root.mkdir(parents=True, exist_ok=True)
     record = holder()
     (remote.root / LOCK_NAME).symlink_to(record)
@@ -119,7 +119,7 @@ def test_a_live_holder_fails_the_deploy_naming_it_and_force_takes_over(  # type:
 
 
 def test_a_stale_lock_is_taken_over_with_a_warning(remote: Where) -> None:
-    remote.config("sleep 60")
+    remote.config("echo up; exec sleep 60")
     remote.root.mkdir(parents=True, exist_ok=True)
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -142,7 +142,7 @@ def test_a_python_that_does_not_run_stops_before_anything(remote: Where, sshd) -
             'python = "/opt/no-such/python3"\n'
         )
         flags = ["--target", "ct"]
-    remote.config("sleep 60")
+    remote.config("echo up; exec sleep 60")
     before = sessions(sshd)
     result = remote.run("deploy", *(flags or remote.flags))
     assert sessions(sshd)[1] - before[1] == 1
@@ -206,7 +206,7 @@ def test_local_deploy_is_one_command(tmp_path: Path) -> None:
     sock = f"dft-{uuid.uuid4().hex[:10]}"
     root = project / ".dflash" / "local"
     where = Where("local", project, [], root, root / "checkpoints", sock)
-    where.config("sleep 60")
+    where.config("echo up; exec sleep 60")
     cwd = os.getcwd()
     os.chdir(project)
     try:

@@ -85,7 +85,7 @@ def test_local_place_passes_every_check_with_the_cpu_smoke_test(tmp_path):
     report = json.loads(result.stdout)
     checks = {c["name"]: c for c in report["checks"]}
     assert set(checks) == {
-        "tmux", "python", "torch", "cuda", "gpu count", "checkpoints", "target model",
+        "tmux", "python", "imports", "torch", "cuda", "gpu count", "checkpoints", "target model",
         "train config", "gpu smoke test",
     }  # fmt: skip
     assert all(c["ok"] and c["status"] == "passed" and c["fix"] == "" for c in checks.values())

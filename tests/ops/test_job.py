@@ -13,7 +13,7 @@ import pytest
 from dflash_ops.connect.place import HostPlace
 from dflash_ops.connect.transport import LocalTransport
 from dflash_ops.errors import UnsafeValue
-from dflash_ops.remote.job import Job, JobState, tmux_arg
+from dflash_ops.remote.job import Job, JobState, LogTail, tmux_arg
 from tests.site_helpers import Site, site_fixture, start, tmux_socket_fixture  # noqa: F401
 
 
@@ -90,9 +90,11 @@ def test_tail_and_follow_return_exit_code(site: Site, job: Job, tmp_path: Path) 
     state = job.follow(seen.append, offset=0)
     assert state.exit_code == 7
     assert b"".join(seen) == b"".join(f"line {i}\n".encode() for i in range(1, 6))
-    body, size = job.tail(2)
-    assert body == b"line 4\nline 5\n"
-    assert size == Path(job.log).stat().st_size
+    tail = job.tail(2)
+    assert tail.body == b"line 4\nline 5\n" and tail.cut == 0
+    assert tail.size == Path(job.log).stat().st_size
+    cut = job.tail(2, cap=10)  # the last 10 bytes: one line and the end of the one before
+    assert cut == LogTail(body=b" 4\nline 5\n", size=tail.size, cut=tail.size - 10)
 
 
 def test_follow_prints_each_line_as_it_comes(site: Site, job: Job, tmp_path: Path) -> None:
@@ -121,7 +123,7 @@ def test_follow_resumes_from_offset(site: Site, job: Job, tmp_path: Path) -> Non
 
 
 def test_tail_without_log(job: Job) -> None:
-    assert job.tail(10) == (b"", -1)
+    assert job.tail(10) == LogTail(body=b"", size=-1)
 
 
 @pytest.mark.parametrize(
@@ -164,7 +166,7 @@ def test_hostile_cwd_is_literal(site: Site, job: Job, tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["a;b", "$(x)", "-t", "a b", "", "a:b", "x" * 65])
 def test_hostile_session_names_are_refused(tmp_path: Path, name: str) -> None:
     with pytest.raises(UnsafeValue):
-        Job(HostPlace(LocalTransport()), session=name, log=str(tmp_path / "log"), local=True)
+        Job(HostPlace(LocalTransport()), session=name, log=str(tmp_path / "log"))
 
 
 def test_hostile_env_key_is_refused(site: Site, job: Job, tmp_path: Path) -> None:

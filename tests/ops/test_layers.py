@@ -1,5 +1,5 @@
 """`dflash_ops` in layers, each folder importing only from the ones below it:
-errors → connect → settings → remote → commands → cli (→ `__main__`); no import cycle between
+untrusted (text from a place, made safe to show) → errors → connect → settings → remote → commands → cli (→ `__main__`); no import cycle between
 modules (imports inside functions included), no module over ~500 lines, and of the trainer only
 `trainer.split_rule` (torch-free: the CLI runs without torch)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tests.layers import find_cycle, graph, imports_of, long_modules, modules
 
-ORDER = ["errors", "connect", "settings", "remote", "commands", "cli", "__main__"]
+ORDER = ["untrusted", "errors", "connect", "settings", "remote", "commands", "cli", "__main__"]
 
 
 def layer(module: str) -> str:

@@ -128,7 +128,7 @@ def test_only_one_of_many_concurrent_commands_holds_it(
     def worker() -> None:
         place = HostPlace(SSHTransport("testbox"))
         try:
-            one = make_site(place, root, tmux_socket, lock_wait=30, local=False)
+            one = make_site(place, root, tmux_socket, lock_wait=30)
             for _ in range(2):
                 one.stop()
             warnings.extend(one.warnings)

@@ -25,6 +25,8 @@ def test_the_client_and_the_program_agree_on_shared_values() -> None:
     assert int(constant("HELD")) == client.HELD
     assert int(constant("PREFLIGHT")) == client.PREFLIGHT
     assert int(constant("RUNNING")) == job.RUNNING
+    assert int(constant("MOVED")) == client.MOVED
+    assert job._NOT_CLOSED in client.SITE  # the stop step's words for a session left open
     assert constant("COMPLETE") == release.COMPLETE
     assert constant("ARCHIVE") == checkpoints.ARCHIVE
     assert constant("FORMAT") == job._FORMAT  # the state line job.py parses

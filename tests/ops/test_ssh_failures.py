@@ -2,7 +2,8 @@
 
 Loopback TCP servers started here stand in for what goes wrong at a real port: a service that
 is not SSH, a server that closes before saying anything, and a relay in front of the real sshd
-that resets the connection right after the key exchange (sshd killed mid-handshake). A dropped
+that resets the connection right after the key exchange (sshd killed mid-handshake) or goes
+silent there (a link cut mid-handshake). A dropped
 connection is reported as dropped, never as a key problem, and never with an empty reason.
 """
 
@@ -90,22 +91,24 @@ def stays_silent(conn: socket.socket) -> None:
     time.sleep(8)
 
 
-def relay_cut_after_kex(sshd_port: int) -> Handler:
-    """Forward to the real sshd; reset both sides at the first client packet after the
-    server's NEWKEYS (the client is then asking to authenticate)."""
+def relay_after_kex(sshd_port: int, *, cut: bool = True) -> Handler:
+    """Forward to the real sshd until the server's NEWKEYS; then, at the client's next packet
+    (it is asking to authenticate), reset both sides (`cut`: sshd killed mid-handshake), or
+    drop what the client sends, the connection left open (a link cut silently)."""
 
     def handler(client: socket.socket) -> None:
         server = socket.create_connection(("127.0.0.1", sshd_port))
         seen, newkeys = b"", False
         while True:
-            ready, _, _ = select.select([client, server], [], [], 10)
+            ready, _, _ = select.select([client, server], [], [], 30)
             if not ready:
                 return
             if client in ready:
                 data = client.recv(65536)
-                if not data or newkeys:
+                if not data or (newkeys and cut):
                     break
-                server.sendall(data)
+                if not newkeys:
+                    server.sendall(data)
             if server in ready:
                 data = server.recv(65536)
                 if not data:
@@ -185,7 +188,7 @@ def test_hints_name_the_port_and_user_to_try_by_hand(ssh_home: SSHHome) -> None:
 def test_a_drop_after_key_exchange_is_a_drop_not_a_key_problem(
     ssh_home: SSHHome, sshd: SSHServer
 ) -> None:
-    with serve(relay_cut_after_kex(sshd.port)) as port:
+    with serve(relay_after_kex(sshd.port)) as port:
         _trust(ssh_home, port)
         for _ in range(3):
             transport = SSHTransport("testbox", port=port)
@@ -194,6 +197,22 @@ def test_a_drop_after_key_exchange_is_a_drop_not_a_key_problem(
             assert not isinstance(info.value, AuthenticationFailed)
             assert "during the SSH handshake" in str(info.value)
             assert not str(info.value).endswith(": ") and "()" not in str(info.value)
+
+
+def test_a_silence_after_key_exchange_is_a_drop_not_a_key_problem(
+    ssh_home: SSHHome, sshd: SSHServer
+) -> None:
+    with ssh_home.config.open("a") as handle:
+        handle.write("Host testbox\n    ConnectTimeout 2\n")
+    with serve(relay_after_kex(sshd.port, cut=False)) as port:
+        _trust(ssh_home, port)
+        began = time.monotonic()
+        with pytest.raises(ConnectionDropped) as info:
+            SSHTransport("testbox", port=port).connect()
+    assert time.monotonic() - began < 2 + 10  # ConnectTimeout, and a loaded machine
+    assert not isinstance(info.value, AuthenticationFailed)
+    assert "stopped answering during the SSH handshake" in str(info.value)
+    assert "ConnectTimeout, 2 s" in str(info.value)
 
 
 def test_too_many_keys_is_an_authentication_failure_not_a_drop(
@@ -224,7 +243,7 @@ def test_cli_prints_one_error_and_a_hint_only(
     handlers = [
         (speaks_http, "127.0.0.1", "not as an SSH server"),
         (closes_at_once, "127.0.0.1", "before saying anything"),
-        (relay_cut_after_kex(sshd.port), "testbox", "during the SSH handshake"),
+        (relay_after_kex(sshd.port), "testbox", "during the SSH handshake"),
     ]
     for handler, host, words in handlers:
         with serve(handler) as port:

@@ -123,7 +123,7 @@ def smi_env(where: GpuPlace, *, driver_down: bool = False, **extra: str) -> dict
 def test_status_shows_each_gpu_with_its_role(where: GpuPlace) -> None:
     visible = ",".join(map(str, VISIBLE))
     env = smi_env(where, CUDA_VISIBLE_DEVICES=visible)
-    where.config("sleep 600", env=env, extra="gpus = 3\n")
+    where.config("echo up; exec sleep 600", env=env, extra="gpus = 3\n")
     deployed = where.run("deploy", *where.flags)
     assert deployed.returncode == 0, deployed.stderr
     row = write_split_metrics(where.checkpoints, targets=1, world=3)
@@ -161,7 +161,7 @@ def test_status_shows_each_gpu_with_its_role(where: GpuPlace) -> None:
 
 
 def test_status_without_nvidia_smi_or_driver(where: GpuPlace, tmp_path: Path) -> None:
-    where.config("sleep 600", env=smi_env(where, driver_down=True))
+    where.config("echo up; exec sleep 600", env=smi_env(where, driver_down=True))
     assert where.run("deploy", *where.flags).returncode == 0
     broken = where.status()
     assert broken["gpus"] is None and broken["running"]
@@ -171,7 +171,8 @@ def test_status_without_nvidia_smi_or_driver(where: GpuPlace, tmp_path: Path) ->
 
     empty = tmp_path / "no-tools"
     empty.mkdir()
-    where.config("sleep 600", env={"PATH": str(empty)})  # read by status; no redeploy needed
+    # read by status; no redeploy needed
+    where.config("echo up; exec sleep 600", env={"PATH": str(empty)})
     absent = where.status()
     assert (absent["gpus"], absent["gpu_note"]) == (None, "no nvidia-smi at the place")
     assert absent["split"] is None and absent["running"]

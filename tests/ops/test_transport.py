@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dflash_ops.connect.ssh_config import resolve
-from dflash_ops.connect.transport import LocalTransport, SSHTransport, Transport
+from dflash_ops.connect.transport import STDERR_CAP, LocalTransport, SSHTransport, Transport
 from dflash_ops.errors import (
     AuthenticationFailed,
     CommandTimedOut,
@@ -69,10 +69,16 @@ def test_stdin_bytes_and_file(transport: Transport, tmp_path: Path) -> None:
 
 
 def test_big_stdout_and_stderr_together(transport: Transport) -> None:
+    """Both streams are read to their end at once (neither blocks the other); what is kept is
+    bounded: stdout's first `cap` bytes, stderr's last `STDERR_CAP`, the rest counted."""
     result = transport.run(["sh", "-c", PRODUCE_BIG])
     assert result.exit_code == 0
-    assert result.stdout == b"o" * BIG
-    assert result.stderr == b"e" * BIG
+    assert result.stdout == b"o" * BIG and result.stdout_more == 0
+    assert result.stderr == b"e" * STDERR_CAP and result.stderr_more == BIG - STDERR_CAP
+    assert result.stderr_text.startswith(f"… {BIG - STDERR_CAP:,} bytes more before this:\n")
+    capped = transport.run(["sh", "-c", PRODUCE_BIG + "; echo last >&2"], cap=1000)
+    assert capped.stdout == b"o" * 1000 and capped.stdout_more == BIG - 1000
+    assert capped.stderr.endswith(b"elast\n") and len(capped.stderr) == STDERR_CAP
 
 
 def test_stream_yields_chunks_then_exit_code(transport: Transport) -> None:

@@ -68,7 +68,9 @@ def test_deploy_logs_status(where: Where) -> None:
         'echo "alloc=$PYTORCH_CUDA_ALLOC_CONF greet=$GREETING"; echo "cwd=$PWD"; '
         "for i in 1 2 3; do echo line $i; "
         'echo "{\\"step\\": $i, \\"loss\\": 0.5, \\"tokens_per_s\\": 10, \\"time\\": $i}" '
-        '>> "$DFLASH_CHECKPOINTS/metrics.jsonl"; sleep 0.2; done; exit 3',
+        '>> "$DFLASH_CHECKPOINTS/metrics.jsonl"; sleep 0.2; done; '
+        # a row torn by a kill in the middle of its write: status shows the last whole one
+        'printf \'{"step": 4, "lo\' >> "$DFLASH_CHECKPOINTS/metrics.jsonl"; exit 3',
         env={"GREETING": "hi there"},
     )
     deployed = where.run("deploy", *where.flags)

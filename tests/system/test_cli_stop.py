@@ -86,7 +86,7 @@ def test_force_resume_reaches_this_start_only(local: Where) -> None:  # noqa: F8
 
 
 def test_hints_carry_the_config_file(local: Where) -> None:  # noqa: F811
-    local.config("sleep 30")
+    local.config("echo up; exec sleep 30")
     other = local.project / "other.toml"
     (local.project / "deploy.toml").rename(other)
     done = dflash(local.project, "--config", str(other), "deploy")

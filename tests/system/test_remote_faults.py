@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -54,18 +54,23 @@ def log_has(where: Where, text: str) -> bool:
     return text in log_text(where)
 
 
-def scripts_of(root: Path) -> list[int]:
-    """Pids of deploy scripts still running for `root` (on this machine: ssh and the stand-in
-    containers both run here)."""
+def processes(match: Callable[[list[bytes]], bool]) -> list[int]:
+    """Pids of the processes on this machine whose argv `match` accepts (ssh sessions and the
+    stand-in containers both run here)."""
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             args = cmdline.read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"dflash-deploy" in args and str(root).encode() in args:
+        if match(args):
             found.append(int(cmdline.parent.name))
     return found
+
+
+def scripts_of(root: Path) -> list[int]:
+    """Pids of deploy scripts still running for `root`."""
+    return processes(lambda args: b"dflash-deploy" in args and str(root).encode() in args)
 
 
 def signal_all(pids: list[int], signum: int) -> list[int]:
@@ -129,7 +134,7 @@ def ssh_target(tmp_path: Path, ssh_home: object) -> Iterator[Where]:
     where.targets = (
         f'[targets.box]\nplace = "ssh"\nhost = "testbox"\nroot = "{root}"\ncheckpoints = "{ckpt}"\n'
     )
-    where.config("sleep 600", extra="lock_wait = 0.5\n")
+    where.config("echo up; exec sleep 600", extra="lock_wait = 0.5\n")
     yield where
     kill_tmux_server(where.socket)
 

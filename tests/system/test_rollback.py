@@ -16,7 +16,7 @@ import pytest
 
 from dflash_ops.errors import ReleaseError
 from dflash_ops.remote.release import COMPLETE
-from tests.cli_helpers import REPO, Where, kill_tmux_server
+from tests.cli_helpers import REPO, Where, kill_tmux_server, wait_for
 from tests.ops.test_release import plan, push
 from tests.site_helpers import Site, site_fixture, tmux_socket_fixture  # noqa: F401
 
@@ -55,8 +55,12 @@ def test_keep_five_spares_current_and_rollback_target(site: Site, project: Path)
 def test_rollback_refuses_when_current_moved_meanwhile(site: Site, project: Path) -> None:
     """Rollback chose its target from `current` as it was read; a deploy since then wins."""
     ids = [push(site, project) for _ in range(3)]
-    with pytest.raises(ReleaseError, match="current is no longer"):
+    with pytest.raises(ReleaseError) as refused:
         site.rollback(ids[0], expect=ids[1])
+    said = str(refused.value)
+    assert f"was switched to {ids[2]} by another command" in said and "nothing was" in said
+    assert "run dflash rollback again" in refused.value.hint.lower()
+    assert "must be a symlink" not in refused.value.hint
     assert site.releases.current() == ids[2]
     assert not Path(site.plan.lock.path).is_symlink()
 
@@ -69,16 +73,6 @@ def local(tmp_path: Path) -> Iterator[Where]:
     spot = Where("local", project, [], root, root / "checkpoints", f"dft-{uuid.uuid4().hex[:10]}")
     yield spot
     kill_tmux_server(spot.socket)
-
-
-def wait_for(path: Path, text: str, timeout: float = 20) -> str:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        content = path.read_text() if path.exists() else ""
-        if text in content:
-            return content
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} not in {path}")
 
 
 def test_releases_and_rollback_through_the_cli(local: Where) -> None:
@@ -139,7 +133,7 @@ def test_two_deploys_at_once_one_fails_naming_the_other(local: Where) -> None:
 
 
 def test_stop_restart_rollback_wait_for_the_lock_and_force_takes_it(local: Where) -> None:
-    local.config("sleep 30", extra="lock_wait = 0.3\n")
+    local.config("echo up; exec sleep 30", extra="lock_wait = 0.3\n")
     local.root.mkdir(parents=True)
     holder = {"by": "ann@laptop", "host": "laptop", "pid": 4242, "since": time.time(),
               "doing": "deploy", "token": "feedbeef"}  # fmt: skip

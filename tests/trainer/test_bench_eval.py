@@ -6,11 +6,9 @@ given from outside (`--train-data`, several sources), and `--prepare-only`."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -320,6 +318,7 @@ def test_recipes_side_by_side_share_one_target_and_data(tmp_path: Path) -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     greedy, mixed = (json.loads((out / f"{n}.json").read_text()) for n in ("greedy", "mixed"))
+    assert json.loads((out / "prepare.json").read_text())["mode"] == "prepare"  # beside them
     # one target for both: the same prompt lookup figure on the same prompts
     assert greedy["target"] == {"reused": str(work / "greedy" / "target")}
     assert (work / "greedy" / "target").resolve() == (work / "target").resolve()
@@ -359,94 +358,11 @@ def test_recipes_side_by_side_share_one_target_and_data(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "recipe names must differ" in bad.stderr
 
 
-def test_recipes_take_the_visible_gpus_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Recipe i runs on GPU i mod n of CUDA_VISIBLE_DEVICES; with no GPU the env is unchanged."""
-    from bench.compare_recipes import gpu_env, visible_gpus
-
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
-    gpus = visible_gpus()
-    assert gpus == ["2", "5"]
-    assert [gpu_env(i, gpus)["CUDA_VISIBLE_DEVICES"] for i in range(5)] == list("25252")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert visible_gpus() == []
-    assert gpu_env(3, []) == dict(os.environ)
-
-
-def test_prompt_sources_side_by_side(tmp_path: Path) -> None:
-    """`compare_prompt_sources.sh`: one target, its answers to its own files and to the kept
-    ones, a drafter on each."""
-    work, out = tmp_path / "work", tmp_path / "out"
-    env = {**os.environ, "PYTHON": sys.executable, "STEPS": "2", "FEATURES": "0"}
-    run = subprocess.run(
-        [str(REPO / "bench" / "compare_prompt_sources.sh"), str(work), str(out), "--smoke"],
-        capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    own, kept = (
-        json.loads((out / f"{n}.json").read_text()) for n in ("target-files", "unseen-files")
-    )
-    assert own["training_data"] == str(work / "generated-t1-p16")
-    assert kept["training_data"] == str(work / "generated-unseen-t1-p16")
-    assert own["recipe"]["drafter_prompts"] == "target-files"
-    assert kept["recipe"]["drafter_prompts"] == "unseen-files"
-    assert own["recipe"]["unseen_every"] == kept["recipe"]["unseen_every"] == 4
-    lookups = [{k: v for k, v in r["baselines"]["prompt_lookup"].items() if k != "seconds"}
-               for r in (own, kept)]  # fmt: skip
-    assert lookups[0] == lookups[1]  # one target, the same held-out prompts
-    assert (
-        json.loads((work / "target" / "bench-corpus-split.json").read_text())["unseen_every"] == 4
-    )
-    table = (out / "summary.md").read_text()
-    assert "| target-files |" in table and "| unseen-files |" in table
-
-
-def test_capacity_side_by_side(tmp_path: Path) -> None:
-    """`compare_capacity.sh`: one target and one data set, the default drafter beside its own
-    key/value heads, a wider MLP, both, and more layers (DEPTH, and a count by name), each
-    recipe's setting on record (the layers as trained); one at a time, each run starts after
-    the one before has written its result."""
-    work, out = tmp_path / "work", tmp_path / "out"
-    env = {**os.environ, "PYTHON": sys.executable, "PAST_CAP": "0", "KV": "1", "MLP": "96",
-           "DEPTH": "2", "RECIPES": "kvmlp base kv mlp deep deep3", "ONE_AT_A_TIME": "1"}  # fmt: skip
-    run = subprocess.run(
-        [str(REPO / "bench" / "compare_capacity.sh"), str(work), str(out), "--smoke"],
-        capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    names = ("kv1-mlp96", "base", "kv1", "mlp96", "layers2", "layers3")
-    results = {n: json.loads((out / f"{n}.json").read_text()) for n in names}
-    assert {n: r["recipe"]["overrides"] for n, r in results.items()} == {
-        "kv1-mlp96": ["model.num_kv_heads=1", "model.intermediate_size=96"],
-        "base": [],
-        "kv1": ["model.num_kv_heads=1"],
-        "mlp96": ["model.intermediate_size=96"],
-        "layers2": ["model.num_layers=2"],
-        "layers3": ["model.num_layers=3"],
-    }
-    layers = {n: r["points"][0]["drafter"]["layers"] for n, r in results.items()}
-    # --smoke's 1 layer, or the setting's
-    assert layers == {**dict.fromkeys(names, 1), "layers2": 2, "layers3": 3}
-    assert {r["training_data"] for r in results.values()} == {str(work / "generated-unseen-t1-p16")}
-    lookups = [{k: v for k, v in r["baselines"]["prompt_lookup"].items() if k != "seconds"}
-               for r in results.values()]  # fmt: skip
-    assert all(lookup == lookups[0] for lookup in lookups)  # one target, the same prompts
-    for before, after in zip(names, names[1:], strict=False):
-        finished = datetime.fromtimestamp((out / f"{before}.json").stat().st_mtime)
-        first = (out / f"{after}.log").read_text().split("]", 1)[0].lstrip("[")
-        assert first >= finished.strftime("%H:%M:%S"), (before, after)
-    table = (out / "summary.md").read_text()
-    assert all(f"| {n} |" in table for n in results)
-    assert "held-out τ − kv1-mlp96's" in table  # paired against the first recipe
-    held = results["base"]["points"][0]["held_out"]
-    assert held["draft_cost"] > 0 and held["net_speedup"] < held["speedup"]
-    assert f"| {held['net_speedup']:.2f}× (drafts {held['draft_cost']:.2f}) |" in table
-
-
 def test_summary_reads_results_written_before_the_export_was_measured() -> None:
     """A stored H200 result without `exported`: its row says so instead of failing the table."""
     from bench.compare_recipes import load_results, summary
 
-    stored = REPO / "bench" / "results" / "h200-unseen-prompts" / "sources"
+    stored = REPO / "bench" / "results" / "prompt-sources-h200"
     results = load_results(stored, ["target-files", "unseen-files"])
     rows = summary(results)
     assert len(rows) == 2 + 2
@@ -496,38 +412,3 @@ def test_a_lossless_violation_is_logged_and_tau_still_measured(tmp_path_factory,
     assert row["lossless_violation"].startswith("prompt 1: new token 3 is")
     assert row["tau"] == clean["tau"]  # the same decoding, measured without the check
     assert "lossless check: prompt 1: new token 3" in capsys.readouterr().out
-
-
-def small_target_recipes(tmp_path: Path, *args: str, base: str = "1") -> list[str]:
-    """The `--recipe` arguments `compare_small_target.sh` hands to compare_recipes.py, read by
-    a PYTHON that records its argv instead of running it."""
-    record = tmp_path / "argv.json"
-    recorder = tmp_path / "recorder"
-    recorder.write_text(
-        f"#!{sys.executable}\nimport json, sys\n"
-        f"open({str(record)!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
-    )
-    recorder.chmod(0o755)
-    env = {**os.environ, "PYTHON": str(recorder), "BASE": base}
-    script = REPO / "bench" / "compare_small_target.sh"
-    run = subprocess.run([str(script), "W", "R", *args], capture_output=True, text=True, env=env)
-    assert run.returncode == 0, run.stderr
-    argv = json.loads(record.read_text())
-    return [argv[i + 1] for i, a in enumerate(argv) if a == "--recipe"]
-
-
-def test_small_target_setting_is_an_override_or_bench_options(tmp_path: Path) -> None:
-    """`compare_small_target.sh`: KEY=VALUE becomes `--set`, options pass as they are, BASE=0
-    leaves the default's runs out, and anything else is refused by name."""
-    kv = small_target_recipes(tmp_path, "kv2", "model.num_kv_heads=2", "0", "1")
-    assert [r.split(":")[0] for r in kv] == ["base-s0", "kv2-s0", "base-s1", "kv2-s1"]
-    assert kv[1].endswith("--set run.seed=0 --set model.num_kv_heads=2")
-    deep = small_target_recipes(tmp_path, "deep4", "--drafter-layers 4", "0", base="0")
-    assert [r.split(":")[0] for r in deep] == ["deep4-s0"]
-    assert deep[0].endswith("--drafter-layers 2 --block-size 8 --drafter-batch 32 --anchors 16 "
-                            "--drafter-steps 400 --samples 4096 --train-data {work}/generated "
-                            "--set run.seed=0 --drafter-layers 4")  # fmt: skip
-    script = REPO / "bench" / "compare_small_target.sh"
-    bad = subprocess.run([str(script), "W", "R", "x", "model.num_kv_heads", "0"],
-                         capture_output=True, text=True)  # fmt: skip
-    assert bad.returncode == 2 and "SETTING must be KEY=VALUE" in bad.stderr

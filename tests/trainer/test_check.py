@@ -171,9 +171,14 @@ def test_the_target_must_be_a_supported_family_with_weights(
     assert code == 1 and "model.num_kv_heads: 4 with model.init_layers" in err
     assert "have 2 key/value heads" in err
     code, _, err = check(capsys, path, "--set", "model.num_kv_heads=3")
-    assert code == 1 and "model.num_kv_heads: 3 does not divide the 4 attention heads" in err
-    assert "Pick one of 1, 2, 4" in err
+    assert code == 1 and "model.num_kv_heads: 3 does not divide the target's 4 attention" in err
+    assert "pick one of 1, 2, 4" in err
     assert check(capsys, path, "--set", "model.num_kv_heads=4")[0] == 0
+    code, _, err = check(capsys, path, *wider, "--set", "model.head_dim=8")
+    assert code == 1 and "model.head_dim: 8 with model.init_layers" in err
+    code, _, err = check(capsys, path, "--set", "model.num_heads=3")
+    assert code == 1 and "model.num_kv_heads: the target's 2 key/value heads do not divide" in err
+    assert check(capsys, path, "--set", "model.num_heads=8", "--set", "model.head_dim=8")[0] == 0
 
 
 def test_token_ids_past_the_targets_vocabulary_are_caught(

@@ -130,3 +130,47 @@ def test_a_torn_or_foreign_manifest_is_skipped_not_fatal(tmp_path, text: bytes) 
     found = ckpt.find_resumable(tmp_path)
     assert found.path == tmp_path / "step-00000001"
     assert "unreadable manifest" in dict((p.name, w) for p, w in found.skipped)["step-00000002"]
+
+
+@pytest.mark.parametrize("name", ["step-00000001", "step-99999999", ".tmp-step-00000003-42"])
+def test_a_symlink_named_like_a_checkpoint_is_left_alone_and_named(tmp_path, name: str) -> None:
+    """A link the trainer did not make, pointing at a folder outside the run: never pruned,
+    resumed from, removed or followed; `foreign` names it. Saving and pruning go on."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("not the trainer's")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / name).symlink_to(elsewhere)
+    assert ckpt.remove_stale_temps(run) == []
+    for step in (2, 4, 6):
+        ckpt.save_checkpoint(run, step, state(step), CFG, keep_last=2)
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [4, 6]
+    found = ckpt.find_resumable(run)
+    assert found.path == run / "step-00000006" and found.skipped == []
+    assert ckpt.foreign(run) == [(run / name, f"a symbolic link (to {elsewhere})")]
+    assert (run / name).is_symlink() and (elsewhere / "keep.txt").read_text() == "not the trainer's"
+
+
+def test_files_named_like_checkpoints_are_foreign(tmp_path) -> None:
+    (tmp_path / "step-00000005").write_text("a file")
+    (tmp_path / ".tmp-step-00000001-7").write_text("a file")
+    (tmp_path / "step-last").mkdir()
+    ckpt.save_checkpoint(tmp_path, 1, state(1), CFG, keep_last=1)
+    assert ckpt.remove_stale_temps(tmp_path) == []
+    assert ckpt.find_resumable(tmp_path).path == tmp_path / "step-00000001"
+    assert [(p.name, why) for p, why in ckpt.foreign(tmp_path)] == [
+        (".tmp-step-00000001-7", "not a folder"),
+        ("step-00000005", "not a folder"),
+        ("step-last", "a folder not named step-NNNNNNNN"),
+    ]
+
+
+def test_a_link_where_the_checkpoint_goes_is_refused_naming_it(tmp_path) -> None:
+    ckpt.save_checkpoint(tmp_path, 1, state(1), CFG, keep_last=3)
+    (tmp_path / "step-00000002").symlink_to(tmp_path / "step-00000001")
+    with pytest.raises(ckpt.CheckpointInTheWay, match="step-00000002 .*symbolic link") as caught:
+        ckpt.save_checkpoint(tmp_path, 2, state(2), CFG, keep_last=3)
+    assert "Move it out" in caught.value.hint
+    assert (tmp_path / "step-00000002").is_symlink()
+    assert ckpt.find_resumable(tmp_path).path == tmp_path / "step-00000001"

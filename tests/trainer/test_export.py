@@ -289,6 +289,8 @@ def test_entry_points_export_and_evaluate_the_folder(run, tmp_path) -> None:
     [
         ("intermediate_size", 96, "intermediate_size", "layers.0.mlp.up_proj.weight"),
         ("num_kv_heads", 4, "num_key_value_heads", "layers.0.self_attn.k_proj.weight"),
+        ("num_heads", 8, "num_attention_heads", "layers.0.self_attn.q_proj.weight"),
+        ("head_dim", 8, "head_dim", "layers.0.self_attn.o_proj.weight"),
     ],
 )
 def test_a_drafter_of_its_own_shape_exports_and_reads_back(

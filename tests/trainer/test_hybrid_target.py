@@ -1,8 +1,9 @@
 """A Qwen3.5-shaped target, tiny and random — linear-attention layers between full-attention
 ones, a rope over a quarter of each head, the text model nested in an image-text checkpoint —
 through the whole chain: loaded as the causal LM its language model is (the same hidden
-states), checked before a run, answering prompts into shards, training a drafter, exported, and
-the exported folder evaluated lossless."""
+states), checked before a run (which names the reference its linear-attention layers run without the
+kernels extra, as the run's log does), answering prompts into shards, training a drafter,
+exported, and the exported folder evaluated lossless."""
 
 from __future__ import annotations
 
@@ -49,9 +50,19 @@ def test_a_hybrid_image_text_checkpoint_goes_from_prompts_to_a_served_folder(
     assert generate.main(["--config", str(cfg), "--prompts", str(prompts), "--out",
                           str(tmp_path / "data"), "--max-new-tokens", "10"]) == 0  # fmt: skip
     assert check.main(["--config", str(cfg)]) == 0
-    assert "qwen3_5" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "qwen3_5" in out
+    # without the kernels extra, the check and the run's log name the reference that runs
+    fallback = (
+        "linear attention (Gated DeltaNet) in 2 of 4 target layers: gated delta rule: PyTorch "
+        "reference; causal conv1d: PyTorch F.conv1d (the kernels run on CUDA only)"
+    )
+    assert f"ok: {fallback}" in out.splitlines()
     config = load_config(cfg, [])
-    assert len(Trainer(config, tmp_path / "run").run()) == 3
+    log: list[str] = []
+    trainer = Trainer(config, tmp_path / "run", emit=log.append)
+    assert fallback in log and not trainer.source.target_compiled()
+    assert len(trainer.run()) == 3
     folder = export(config, tmp_path / "run", tmp_path / "drafter", dtype="fp32")
     served = json.loads((folder / "config.json").read_text())
     assert served["head_dim"] == 16 and "partial_rotary_factor" not in json.dumps(served)

@@ -77,6 +77,29 @@ def test_the_key_value_heads_are_the_targets_unless_set() -> None:
         ModelConfig(target="t", num_kv_heads=0)
 
 
+def test_the_heads_and_head_dimension_are_the_targets_unless_set() -> None:
+    """`model.num_heads` / `model.head_dim`: a drafter of its own attention shape (a published
+    drafter for a target of 24 heads of 256 has 32 heads of 128); the target's key/value heads
+    must then divide the new heads, or `model.num_kv_heads` is named."""
+    drafter = make_drafter(num_heads=8, head_dim=4)
+    s = drafter.shape
+    assert (s.num_heads, s.num_kv_heads, s.head_dim) == (8, 2, 4)
+    attn = drafter.layers[0].self_attn
+    assert attn.q_proj.weight.shape == (8 * 4, H) and attn.o_proj.weight.shape == (H, 8 * 4)
+    assert attn.k_proj.weight.shape == (2 * 4, H)
+    assert torch.isfinite(drafter(*inputs())).all()
+    with pytest.raises(TrainConfigError, match="model.num_kv_heads: the target's 2 key/value "
+                       "heads do not divide model.num_heads = 3: set model.num_kv_heads to one "
+                       "of 1, 3"):  # fmt: skip
+        make_drafter(num_heads=3)
+    assert make_drafter(num_heads=3, num_kv_heads=1).shape.num_kv_heads == 1
+    with pytest.raises(TrainConfigError, match="4 does not divide the drafter's 6 attention"):
+        make_drafter(num_heads=6, num_kv_heads=4)
+    for key in ("num_heads", "head_dim"):
+        with pytest.raises(TrainConfigError, match=f"model.{key}: must be > 0"):
+            ModelConfig(target="t", **{key: 0})
+
+
 def test_describe_names_the_shape_and_counts_the_trained_parameters() -> None:
     drafter = make_drafter(intermediate_size=40)
     params = sum(p.numel() for p in drafter.parameters())

@@ -41,7 +41,7 @@ def test_seed_node_prefers_five_plus_three() -> None:
     assert (best.targets, best.drafters) == (5, 3)
 
 
-# docs/benchmarks.md, "Target/drafter split": one H200, Qwen3-8B-shaped target, 5-layer drafter
+# bench/results/split/: one H200 a role, Qwen3-8B-shaped target, 5-layer drafter
 H200_RATES = (30_156.0, 24_982.0)
 
 
@@ -72,6 +72,16 @@ def test_report_names_the_default_split_beside_the_best() -> None:
     assert report(rates(*H200_RATES), 1)["default"] is None
 
 
+def test_the_report_names_the_memory_of_a_rank_where_it_was_measured() -> None:
+    from dataclasses import replace
+
+    measured = replace(rates(4.3e3, 7.2e3), target_peak_gib=96.04, drafter_peak_gib=55.0)
+    assert "memory per rank (peak): target 96.0 GiB, drafter 55.0 GiB" in format_report(
+        report(measured, 8)
+    )
+    assert "memory" not in format_report(report(rates(4.3e3, 7.2e3), 8))  # the CPU: none
+
+
 def test_plan_measures_a_tiny_config(tmp_path, capsys) -> None:
     from tests.trainer.test_split import DEMO, write_config
     from trainer.config import DemoConfig
@@ -85,6 +95,7 @@ def test_plan_measures_a_tiny_config(tmp_path, capsys) -> None:
     )
     r = json.loads(capsys.readouterr().out)
     assert r["rates"]["r_target"] > 0 and r["rates"]["r_drafter"] > 0
+    assert r["rates"]["target_peak_gib"] is None  # measured on a GPU only
     assert [(s["targets"], s["drafters"]) for s in r["splits"]] == [(1, 3), (2, 2), (3, 1)]
     assert r["best"]["tokens_per_s"] == max(s["tokens_per_s"] for s in r["splits"])
 

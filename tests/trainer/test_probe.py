@@ -191,13 +191,27 @@ def test_a_resumed_run_redraws_the_steps_after_its_checkpoint(tmp_path: Path) ->
     for step in (1, 2, 3, 4):
         first.write({"step": step, "loss": float(step)})
     first.close()
-    again = TrainingCurves(tmp_path)  # resumed from step 2: steps 3 and 4 come again
+    again = TrainingCurves(tmp_path, start=2)  # resumed from step 2: steps 3, 4 come again
     for step in (3, 4):
         again.write({"step": step, "loss": 10.0 * step})
     again.close()
     assert scalars(tmp_path / "tensorboard")["loss/total"] == [
         (1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0),
     ]  # fmt: skip
+
+
+@needs_tensorboard
+def test_a_resumed_run_hides_what_it_does_not_draw_again(tmp_path: Path) -> None:
+    """Resumed from step 2 with rows every second step: step 3 of the killed start is not
+    drawn again, and is gone as metrics.jsonl's row of it is (one series)."""
+    first = TrainingCurves(tmp_path)
+    for step in (1, 2, 3):
+        first.write({"step": step, "loss": float(step)})
+    first.close()
+    again = TrainingCurves(tmp_path, start=2)
+    again.write({"step": 4, "loss": 40.0})
+    again.close()
+    assert scalars(tmp_path / "tensorboard")["loss/total"] == [(1, 1.0), (2, 2.0), (4, 40.0)]
 
 
 def test_no_tensorboard_no_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -66,3 +66,20 @@ def test_manifest_stores_the_resolved_values(tmp_path, assets) -> None:  # noqa:
     )
     assert resolved["data.batch_size"] == cfg.data.batch_size  # every other setting too
     assert manifest["schedule"] == cfg.schedule_settings()
+
+
+def test_a_symlinked_step_beside_a_run_is_named_and_training_goes_on(tmp_path, assets) -> None:  # noqa: F811
+    """Links named `step-*` and `.tmp-step-*` in the run folder: the run starts, checkpoints and
+    prunes as if they were not there, and its log names each one once."""
+    out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    for name in ("step-00000000", "step-99999999", ".tmp-step-00000002-1"):
+        (out / name).symlink_to(elsewhere)
+    lines: list[str] = []
+    cfg = tiny_config(assets, run={"steps": 4, "checkpoint_every": 1, "keep_last": 1})
+    Trainer(cfg, out, emit=lines.append).run()
+    assert find_resumable(out).path == out / "step-00000004"
+    warned = [line for line in lines if "the trainer did not make" in line]
+    assert len(warned) == 3 and all(str(elsewhere) in line for line in warned), warned
+    assert all((out / n).is_symlink() for n in ("step-00000000", "step-99999999"))

@@ -76,7 +76,7 @@ def test_compile_defaults_to_cuda_only_and_leaves_the_checkpoint_hash(tmp_path) 
     assert auto.model_data_hash() == off.model_data_hash() == on.model_data_hash()
 
 
-def test_target_compile_defaults_to_cuda_only(tmp_path) -> None:
+def test_target_compile_defaults_to_cuda_only_and_dense_targets(tmp_path) -> None:
     import torch
 
     path = tmp_path / "c.toml"
@@ -87,6 +87,10 @@ def test_target_compile_defaults_to_cuda_only(tmp_path) -> None:
     assert (auto.run.compiles_target_on(cpu), auto.run.compiles_target_on(cuda)) == (False, True)
     assert (off.run.compiles_target_on(cuda), on.run.compiles_target_on(cpu)) == (False, True)
     assert auto.model_data_hash() == off.model_data_hash() == on.model_data_hash()
+    # a target with linear-attention layers stays eager unless the key asks for the compile
+    hybrid = {"linear_attention": True}
+    assert not auto.run.compiles_target_on(cuda, **hybrid)
+    assert on.run.compiles_target_on(cuda, **hybrid)
 
 
 def test_missing_target_named(tmp_path) -> None:
