@@ -133,6 +133,13 @@ def _completion_shell(args: list[str]) -> str | None:
     return None
 
 
+def _swallowed_interrupt(exc: SystemExit) -> bool:
+    """typer ends a command that a Ctrl-C reached with exit 130 and no word (`Exit(130) from`
+    the KeyboardInterrupt); a command that handled it said what it did (`Exit(…) from None`)."""
+    inner = exc.__context__
+    return isinstance(inner, typer.Exit) and isinstance(inner.__cause__, KeyboardInterrupt)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the `dflash` console script and of `python -m dflash_ops`."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -156,6 +163,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt:
         output.info("Interrupted.")
         sys.exit(130)
+    except SystemExit as exc:
+        if _swallowed_interrupt(exc):
+            output.info("Interrupted.")
+        raise
     except Exception as exc:  # a bug: still one message, the traceback only when asked for
         output.internal(exc, verbose="--verbose" in args or "-v" in args)
         sys.exit(70)

@@ -42,8 +42,8 @@ from dflash_ops.commands.checks import (
     judge_python,
     judge_tmux,
     python_probe_argv,
-    version_probe,
 )
+from dflash_ops.commands.probes import version_probe
 from dflash_ops.commands.smoke_check import check_smoke, smoke_check
 from dflash_ops.commands.train_check import (
     CHECK_TIMEOUT,

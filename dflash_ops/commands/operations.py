@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_ops.commands import doctor, environment, gpus
-from dflash_ops.commands.checks import Setup, probed_devices
+from dflash_ops.commands.checks import Setup
+from dflash_ops.commands.probes import probed_devices
 from dflash_ops.commands.workspace import Workspace
 from dflash_ops.errors import JobEndedAtStartUp
 from dflash_ops.remote import client

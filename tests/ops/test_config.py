@@ -318,7 +318,7 @@ def test_venv_is_the_jobs_python_keyed_by_what_it_is_built_from(tmp_path: Path) 
     target = resolve_target(config, TargetFlags(), remembered=None)
     assert target.venv is not None and target.venv.base == "/opt/venv/bin/python"
     assert target.python == f"{target.venv.folder}/bin/python"
-    assert target.venv.folder.startswith("/root/dflash/venvs/")
+    assert target.venv.folder.startswith(f"{target.root}/venvs/")  # the project's own root
     assert target.venv.config.requirements == "torch>=2.6\nnumpy\n"
     assert target.venv.config.torch == "torch>=2.6"
     other = resolve_target(config, TargetFlags(target="other"), remembered=None)

@@ -113,9 +113,10 @@ def test_ctrl_c_while_the_command_starts_is_one_line_and_130(tmp_path: Path) -> 
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-        if proc.returncode == 130:
+        if err == "Interrupted.\n":
             interrupted += 1
-            assert err == "Interrupted.\n"
-        else:  # it was done already: the missing config, said as ever
-            assert proc.returncode == 1 and "No config file" in err, err
+            assert proc.returncode == 130
+        else:  # it was done already: the missing config said as ever (the signal may then
+            # have come while the interpreter was ending: killed by it, nothing more printed)
+            assert proc.returncode in (1, -signal.SIGINT) and "No config file" in err, err
     assert interrupted
