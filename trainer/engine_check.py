@@ -75,19 +75,18 @@ class EngineComparison:
         return "\n".join(lines)
 
     def _acceptance_line(self) -> str:
-        k, b = self.num_speculative_tokens, self.block_size
+        k, b = self.num_speculative_tokens or 0, self.block_size
         checked = [r for r in self.requests if r.engine_accepted is not None]
         same = sum(r.accepted is None for r in checked)
-        ratio = (self.engine_tau or 0.0) / (self.project_tau or 1.0)
+        engine, project = self.engine_tau or float("nan"), self.project_tau or float("nan")
         line = (
             f"acceptance: {same}/{len(checked)} requests equal step for step | engine tau "
-            f"{self.engine_tau:.4f}, project tau {self.project_tau:.4f} (ratio {ratio:.4f}) | "
-            f"K = {k}"
+            f"{engine:.4f}, project tau {project:.4f} (ratio {engine / project:.4f}) | K = {k}"
         )
         if k != b - 1:
             line += (
                 f": not the drafter as trained (B = {b}; the project decoded with a block of "
-                f"{k + 1} as the engine did) — serve it with num_speculative_tokens = {b - 1}"  # type: ignore[operator]
+                f"{k + 1} as the engine did) — serve it with num_speculative_tokens = {b - 1}"
             )
         return line
 
