@@ -47,9 +47,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "trainer" / "configs" / "demo.toml"
 HARNESS = Path(__file__).with_name("vllm_harness.py")
 HELD_OUT, TRAINING = 8, 8  # prompts of each kind
-# vLLM's batched k_norm gives every layer layer 0's weights: on the demo drafter that moves
-# vLLM's τ by at most this fraction from the project's (measured: docs/serving.md)
-BATCHED_K_NORM_TAU_BOUND = 0.05
+# vLLM's batched k_norm gives every layer layer 0's weights: how far that may move vLLM's τ from
+# the project's on the demo drafter (measured: docs/benchmarks.md, "Served by vLLM's CPU build")
+BATCHED_K_NORM_TAU_BOUND = 0.02
+# A bounded wait for each step, generous: a shared 2-core machine can be many times slower than
+# one that runs the suite alone
+STEP_TIMEOUT_S = 3600
 
 
 @dataclass(frozen=True)
@@ -86,13 +89,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
     work = tmp_path_factory.mktemp("serve")
     py = sys.executable
     _run(
-        [py, "-m", "trainer.train", "--config", str(DEMO), "--out", str(work / "run")], timeout=1200
+        [py, "-m", "trainer.train", "--config", str(DEMO), "--out", str(work / "run")],
+        timeout=STEP_TIMEOUT_S,
     )
     drafter = work / "drafter"
     export_stdout = _run(
         [py, "-m", "trainer.export", "--config", str(DEMO), "--checkpoint", str(work / "run"),
          "--out", str(drafter), "--dtype", "fp32"],
-        timeout=300,
+        timeout=STEP_TIMEOUT_S,
     )  # fmt: skip
     config = resolve_demo(load_config(DEMO), work / "run")  # the assets training built
     prompts = _prompts(config)
@@ -110,7 +114,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
         [os.environ["DFLASH_SERVE_PYTHON"], str(HARNESS), "--target", config.model.target,
          "--drafter", str(drafter), "--prompts", str(work / "prompts.jsonl"),
          "--max-tokens", str(max_tokens), "--out", str(work / "vllm")],
-        env=env, timeout=1200,
+        env=env, timeout=STEP_TIMEOUT_S,
     )  # fmt: skip
     reports = {
         n: read_report(work / "vllm" / f"{n}.jsonl") for n in ("plain", "engine", "per_layer")
@@ -177,7 +181,9 @@ def test_with_each_layers_k_norm_vllm_accepts_what_the_project_accepts(served: S
         str(served.drafter), "--engine-report", str(served.work / "vllm" / "per_layer.jsonl"),
         "--json",
     ]  # fmt: skip
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    proc = subprocess.run(
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=False
+    )
     report = json.loads(proc.stdout)
     parted = [r for r in report["requests"] if r["accepted"] is not None or r["output"]]
     assert proc.returncode == 0 and report["agree"] and parted == [], parted
