@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.progress import DownloadColumn, Progress, TextColumn, TransferSpeedColumn
@@ -13,6 +14,7 @@ from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import CheckpointOption, TargetChoice, with_target
 from dflash_ops.commands import export as exporting
+from trainer import serving
 
 app = typer.Typer()
 
@@ -82,6 +84,16 @@ def export(
     )
     if kept is not None:
         output.info(f"A copy stays at the place: {kept}")
+    output.info(serving.describe(folder, _target(ws.config.train)))
+
+
+def _target(train: Mapping[str, Any]) -> str | None:
+    """`[train.model] target` as `deploy.toml` writes it; None for the demo (it builds its own)."""
+    model, demo = train.get("model"), train.get("demo")
+    if demo is True or (isinstance(demo, Mapping) and demo.get("enabled") is True):
+        return None
+    target = model.get("target") if isinstance(model, Mapping) else None
+    return target if isinstance(target, str) else None
 
 
 def _progress() -> Progress:
