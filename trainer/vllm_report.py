@@ -59,13 +59,25 @@ def engine_args(
     return kwargs
 
 
+def _vllm() -> Any:
+    """vLLM, which this tool needs and the training job does not (a probe: the job's python is
+    not asked for it, `dflash_ops.remote.requirements`)."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise TrainerError(
+            f"vLLM does not import in this python ({exc})",
+            hint="Run this tool in vLLM's own environment (make serve-test builds one in "
+            ".venv-serve; vLLM pins its own torch).",
+        ) from None
+    return vllm
+
+
 def serve(
     llm: Any, prompts: Sequence[Sequence[int]], max_tokens: int, k: int | None
 ) -> list[EngineRequest]:
     """Every prompt through `llm.generate` (greedy, to the budget) → the report's requests."""
-    from vllm import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    params = _vllm().SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params)
     requests = []
     for prompt, out in zip(prompts, outputs, strict=True):
@@ -113,12 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         args.k = None
         if args.drafter:
             args.k = args.num_speculative_tokens or num_speculative_tokens(args.drafter)
-        from vllm import LLM
-
         kwargs = engine_args(
             args.target, args.drafter, args.k, dtype=args.dtype, max_model_len=args.max_model_len
         )
-        llm = LLM(**kwargs)
+        llm = _vllm().LLM(**kwargs)
         requests = serve(llm, prompts, args.max_tokens, args.k)
     except TrainerError as exc:
         print(f"error: {exc}", file=sys.stderr)
