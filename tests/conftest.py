@@ -1,7 +1,10 @@
 """Shared test set-up: real parts only (sshd on loopback, a namespace-backed Proxmox stand-in,
-real tmux, real torch). GPU tests are skipped on machines without CUDA."""
+real tmux, real torch). GPU tests are skipped on machines without CUDA; serving tests run only
+under `make serve-test`, which sets `DFLASH_SERVE_PYTHON` to its vLLM environment's python."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -22,7 +25,10 @@ def _cuda_count() -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     count = _cuda_count()
+    serve_python = os.environ.get("DFLASH_SERVE_PYTHON")
     for item in items:
+        if "serve" in item.keywords and not serve_python:
+            item.add_marker(pytest.mark.skip(reason="a real engine: run by make serve-test"))
         if "gpu2" in item.keywords and count < 2:
             item.add_marker(pytest.mark.skip(reason=f"needs 2 CUDA GPUs, found {count}"))
         elif "gpu" in item.keywords and count < 1:

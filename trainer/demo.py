@@ -28,7 +28,7 @@ from trainer.config import DemoConfig
 from trainer.data import Sample, write_samples
 
 if TYPE_CHECKING:  # transformers loads only when the demo is built
-    from transformers import Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
 SPECIAL_TOKENS = ["<|pad|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 CHAT_TEMPLATE = (
@@ -59,11 +59,12 @@ def build_tokenizer(folder: str | Path) -> None:
     fast.save_pretrained(str(folder))
 
 
-def build_target(folder: str | Path, config: DemoConfig) -> Qwen3ForCausalLM:
-    """A random tiny Qwen3 saved with `save_pretrained` (float32)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def target_config(config: DemoConfig) -> Qwen3Config:
+    """The demo target's `transformers` config: known before the assets are built (the default
+    split of a node is chosen from it, `trainer.split_shapes`)."""
+    from transformers import Qwen3Config
 
-    cfg = Qwen3Config(
+    return Qwen3Config(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -76,6 +77,13 @@ def build_target(folder: str | Path, config: DemoConfig) -> Qwen3ForCausalLM:
         tie_word_embeddings=False,
         pad_token_id=256,  # <|pad|>: a real row, used as the drafter's mask token by default
     )
+
+
+def build_target(folder: str | Path, config: DemoConfig) -> Qwen3ForCausalLM:
+    """A random tiny Qwen3 saved with `save_pretrained` (float32)."""
+    from transformers import Qwen3ForCausalLM
+
+    cfg = target_config(config)
     torch.manual_seed(config.seed)
     model = Qwen3ForCausalLM(cfg).eval()
     model.save_pretrained(str(folder))

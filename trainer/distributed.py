@@ -5,7 +5,8 @@ Launch (one node, G processes; `dflash deploy` generates this when `[job] gpus >
     DFLASH_TARGET_GPUS=T torchrun --nproc-per-node G -m trainer.train --config FILE --out DIR
 
 Ranks `0 … T−1` are target workers, ranks `T … G−1` drafter workers (`T` from
-`DFLASH_TARGET_GPUS`, default ⌊G/2⌋: `trainer.split_rule`). One process (no torchrun environment, or
+`DFLASH_TARGET_GPUS`; unset, the split the model shapes predict fastest, `trainer.split_shapes`,
+which rank 0 logs with the two roles' FLOPs per token). One process (no torchrun environment, or
 `WORLD_SIZE=1`) is the colocated mode of `trainer.trainer`. The backend is NCCL on CUDA and gloo on
 the CPU; every rank uses the GPU `LOCAL_RANK`. Drafters get their own process group for the
 gradient all-reduce; targets never join it.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -39,12 +41,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from trainer.config import SplitConfig
+from trainer.config import SplitConfig, TrainConfig
 from trainer.errors import TrainerError
 from trainer.split_rule import default_target_gpus
 from trainer.stopping import StopRequest
 
 TARGET, DRAFTER = "target", "drafter"
+log = logging.getLogger("trainer")
 
 
 class DistributedSetupError(TrainerError):
@@ -107,23 +110,45 @@ class Roles:
         return f"rank {rank} (drafter {rank - self.num_targets} of {self.num_drafters})"
 
 
-def roles_from_env(env: Mapping[str, str] | None = None) -> Roles | None:
-    """The roles of this process under torchrun, or None for a single process (colocated)."""
+def roles_from_env(
+    env: Mapping[str, str] | None = None, *, config: TrainConfig | None = None
+) -> Roles | None:
+    """The roles of this process under torchrun, or None for a single process (colocated).
+    Without `DFLASH_TARGET_GPUS`: the default split of `config`'s model shapes (every rank
+    computes the same), ⌊G/2⌋ where no config is given."""
     env = os.environ if env is None else env
     world = int(env.get("WORLD_SIZE", "1"))
     if world <= 1:
         return None
+    rank = int(env["RANK"])
     raw = env.get("DFLASH_TARGET_GPUS", "")
-    try:
-        targets = int(raw) if raw.strip() else default_target_gpus(world)
-    except ValueError as exc:
-        raise DistributedSetupError(f"DFLASH_TARGET_GPUS={raw!r} is not an integer") from exc
+    if not raw.strip():
+        targets = default_split(config, world, announce=rank == 0)
+    else:
+        try:
+            targets = int(raw)
+        except ValueError as exc:
+            raise DistributedSetupError(f"DFLASH_TARGET_GPUS={raw!r} is not an integer") from exc
     return Roles(
-        rank=int(env["RANK"]),
+        rank=rank,
         world_size=world,
         local_rank=int(env.get("LOCAL_RANK", env["RANK"])),
         num_targets=targets,
     )
+
+
+def default_split(config: TrainConfig | None, world: int, *, announce: bool) -> int:
+    """Target ranks of `world` when `DFLASH_TARGET_GPUS` is unset: from the roles' model FLOPs
+    per token at `config`'s shapes (`trainer.split_shapes`), said once when `announce`; with
+    no config (no model known) ⌊G/2⌋ (`trainer.split_rule.default_target_gpus`)."""
+    if config is None:
+        return default_target_gpus(world)
+    from trainer.split_shapes import role_work
+
+    work = role_work(config)
+    if announce:
+        log.info(f"{work.describe(world)}; DFLASH_TARGET_GPUS ([job] target_gpus) sets another")
+    return work.target_gpus(world)
 
 
 def block_termination_signal() -> None:

@@ -2,6 +2,7 @@
 
     python -m trainer.evaluate --config trainer/configs/demo.toml --checkpoint runs/demo \\
         --prompts prompts.jsonl --max-new-tokens 64 [--baseline prompt-lookup|none] [--json]
+    python -m trainer.evaluate --config train.toml --drafter ./drafter --engine-report vllm.jsonl
 
 The drafter (a training checkpoint, or an exported folder with `--drafter`) decodes the prompts
 by greedy block speculative decoding against the frozen target (`trainer.speculative`: τ,
@@ -9,6 +10,11 @@ per-slot acceptance, speed-up in target forwards, lossless check). Beside it, th
 are decoded with a baseline drafter (`--baseline`, default prompt lookup,
 `trainer.prompt_lookup`) behind the same `BlockDrafter` interface; the plain greedy output is
 decoded once for both lossless checks.
+
+With `--engine-report`, the prompts, budgets and per-request acceptance an inference engine
+reported (`trainer.engine_report`) are decoded the same way here (`trainer.engine_check`): the
+report says, request by request, where the engine's output or accepted counts part from the
+project's; exit 1 when any do.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import torch
 from trainer.config import add_overrides_option
 from trainer.data import template_options
 from trainer.drafters import BlockDrafter, DFlashDrafter
+from trainer.engine_check import EngineComparison
 from trainer.errors import TrainerError
 from trainer.eval_prompts import load_prompts
 from trainer.model import Drafter
@@ -157,10 +164,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     which.add_argument(
         "--drafter", help="an exported folder (config.json + model.safetensors), as served"
     )
-    p.add_argument(
+    source = p.add_mutually_exclusive_group()
+    source.add_argument(
         "--prompts",
         help="JSONL: tokenized samples or chat messages (default: eval.prompts of the config, "
         "else the demo's held-out prompts)",
+    )
+    source.add_argument(
+        "--engine-report",
+        help="JSONL of an engine's requests (prompt, output, accepted counts per verify step: "
+        "trainer/engine_report.py): decode the same prompts and say where the engine parts "
+        "from the project (exit 1 when it does)",
     )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts only")
@@ -190,7 +204,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_block_drafter(args: argparse.Namespace, config: Any) -> tuple[Target, BlockDrafter, str]:
+def load_block_drafter(args: argparse.Namespace, config: Any) -> tuple[Target, DFlashDrafter, str]:
     """The target and the drafter to judge, from the command line: an exported folder
     (`--drafter`, read only as the engines read it, with its own target layers) or a training
     checkpoint; and what it is, for the report."""
@@ -209,7 +223,9 @@ def load_block_drafter(args: argparse.Namespace, config: Any) -> tuple[Target, B
     return target, block, f"step {step}"
 
 
-def run(args: argparse.Namespace) -> Comparison:
+def run_config(args: argparse.Namespace) -> Any:
+    """The training config of the command line, its demo assets resolved beside the run the
+    drafter comes from, and the thread count applied."""
     from trainer.config import load_config
     from trainer.runtime import demo_of_checkpoint
 
@@ -217,6 +233,25 @@ def run(args: argparse.Namespace) -> Comparison:
     config = demo_of_checkpoint(config, Path(args.checkpoint or args.drafter))
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
+    return config
+
+
+def check_report(args: argparse.Namespace) -> EngineComparison:
+    """`--engine-report`: the engine's requests against the project's decoding of them."""
+    from trainer.engine_check import check_engine
+    from trainer.engine_report import read_report
+
+    requests = read_report(args.engine_report)
+    if args.limit is not None:
+        requests = requests[: args.limit]
+    target, block, what = load_block_drafter(args, run_config(args))
+    if not args.json:
+        _say(f"checking {len(requests)} engine requests against {what}")
+    return check_engine(target, block, requests, batch_tokens=args.batch_tokens)
+
+
+def run(args: argparse.Namespace) -> Comparison:
+    config = run_config(args)
     target, block, what = load_block_drafter(args, config)
     prompts = load_prompts(
         args.prompts or default_prompts(config),
@@ -272,12 +307,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr, force=True)
     try:
-        report = run(args)
+        report: Comparison | EngineComparison = (
+            check_report(args) if args.engine_report else run(args)
+        )
     except TrainerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(report.to_json()) if args.json else report.summary())
-    return 0
+    return 1 if isinstance(report, EngineComparison) and not report.agree else 0
 
 
 if __name__ == "__main__":

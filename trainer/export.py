@@ -8,7 +8,8 @@ weights). The folder (`config.json`, `model.safetensors`; `trainer.hf_format`) i
 `--out` and renamed into place. Refused, with the reason and the fix: a checkpoint of other
 `model.*` settings than the config's, a target the served drafter cannot follow
 (`UnsupportedTarget`), and a checkpoint of an earlier drafter format that the engines would run
-differently than it was trained. Serving it: docs/serving.md.
+differently than it was trained. Then it prints the folder and the SGLang and vLLM command lines
+that serve it as trained (`trainer.serving`: K = B − 1); docs/serving.md.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from trainer.errors import TrainerError
 from trainer.fidelity import decoder_config
 from trainer.hf_format import DTYPES, hf_config, hf_tensors, write_folder
 from trainer.model import DRAFTER_FORMAT, DrafterShape, shape_from_target
+from trainer.serving import describe
 from trainer.target import default_target_layers
 
 log = logging.getLogger(__name__)
@@ -169,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(out)
+    print(describe(out, str(config.model.target)))
     return 0
 
 

@@ -12,7 +12,9 @@ so its predicted rate is min(T·r_target, D·r_drafter); the colocated rate of o
 is 1 / (1/r_target + 1/r_drafter). On a GPU it also reports the peak memory of a rank of each
 role (the drafter's without the target's weights where both ran on one device). The first
 steps (compiles, allocator warm-up), and one step of every batch shape the timed steps meet, are
-not timed.
+not timed. Beside the best split it marks the default one, what the trainer runs without
+`DFLASH_TARGET_GPUS`: the best split of the two roles' model FLOPs per token at the configured
+shapes (`trainer.split_shapes`), with those FLOPs.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import torch
 
 from trainer.config import TrainConfig, add_overrides_option, load_config
 from trainer.errors import TrainerError
-from trainer.split_rule import default_target_gpus
+from trainer.split_rule import Split, best_split, default_target_gpus, predict_splits
+from trainer.split_shapes import RoleWork, role_work
 
 if TYPE_CHECKING:
     from trainer.data import Batch
@@ -50,29 +53,10 @@ class Rates:
     drafter_peak_gib: float | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class Split:
-    targets: int
-    drafters: int
-    tokens_per_s: float
-    bound_by: str  # "target" | "drafter"
-
-
 def predict(rates: Rates, gpus: int) -> list[Split]:
-    """Every split T + D = gpus with T, D ≥ 1, predicted tokens/s = min(T·r_t, D·r_d)."""
-    out = []
-    for t in range(1, gpus):
-        d = gpus - t
-        tt, dd = t * rates.r_target, d * rates.r_drafter
-        out.append(
-            Split(
-                targets=t,
-                drafters=d,
-                tokens_per_s=min(tt, dd),
-                bound_by="target" if tt < dd else "drafter",
-            )
-        )
-    return out
+    """Every split T + D = gpus with T, D ≥ 1, predicted tokens/s = min(T·r_t, D·r_d)
+    (`trainer.split_rule.predict_splits`)."""
+    return predict_splits(rates.r_target, rates.r_drafter, gpus)
 
 
 def colocated(rates: Rates) -> float:
@@ -188,12 +172,13 @@ def _peak_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / _GIB if device.type == "cuda" else None
 
 
-def report(rates: Rates, gpus: int) -> dict:
+def report(rates: Rates, gpus: int, *, work: RoleWork | None = None) -> dict:
     """Every split's prediction, the best one, and the default split (what `[job] target_gpus
-    = 0` runs: `trainer.split_rule`) so that the two can be compared."""
+    = 0` runs) so that the two can be compared: the one of the roles' `work` per token
+    (`trainer.split_shapes`), ⌊G/2⌋ without it (`trainer.split_rule`)."""
     splits = predict(rates, gpus)
-    best = max(splits, key=lambda s: s.tokens_per_s) if splits else None
-    targets = default_target_gpus(gpus)
+    best = best_split(splits)
+    targets = work.target_gpus(gpus) if work else default_target_gpus(gpus)
     default = next((s for s in splits if s.targets == targets), None)
     return {
         "gpus": gpus,
@@ -202,6 +187,7 @@ def report(rates: Rates, gpus: int) -> dict:
         "splits": [asdict(s) for s in splits],
         "best": asdict(best) if best else None,
         "default": asdict(default) if default else None,
+        "default_from": asdict(work) if work else None,
     }
 
 
@@ -214,6 +200,7 @@ def format_report(r: dict) -> str:
         f"per batch, {rt['drafter_device']})",
         f"one GPU colocated: {r['colocated_tokens_per_s']:,.0f} tok/s",
         *_memory_lines(rt),
+        *_default_lines(r.get("default_from")),
         "",
         f"{'targets':>7} {'drafters':>8} {'tok/s':>12}  bound by",
     ]
@@ -242,6 +229,11 @@ def _memory_lines(rates: dict) -> list[str]:
     return [f"memory per rank (peak): {', '.join(shown)}"]
 
 
+def _default_lines(work: dict | None) -> list[str]:
+    """Where the default split comes from: the roles' model FLOPs per token, when known."""
+    return [f"default split from {RoleWork(**work).figures()}"] if work else []
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m trainer.plan", description=__doc__.split("\n")[0]
@@ -265,10 +257,11 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(config.run.threads)
         gpus = args.gpus if args.gpus is not None else max(1, torch.cuda.device_count())
         rates = measure_rates(config, warmup=args.warmup, steps=args.steps, out_dir=args.out)
+        work = role_work(config)
     except TrainerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    r = report(rates, gpus)
+    r = report(rates, gpus, work=work)
     print(json.dumps(r, indent=2) if args.json else format_report(r))
     return 0
 

@@ -1,21 +1,67 @@
-"""The default split of a node: how many of its G GPUs (ranks) run the frozen target.
+"""The split of a node: how many of its G GPUs (ranks) run the frozen target, T of them, with
+D = G − T training the drafter. Plain arithmetic without torch: `dflash_ops` imports it.
 
-One rule for everything that needs a default: the trainer when `DFLASH_TARGET_GPUS` is unset,
-`dflash init` when it writes `[job] target_gpus`, and `trainer.plan`'s report (beside the best
-split it measured). Plain arithmetic without torch, so that `dflash_ops` can import it.
+A split trains no faster than its slower side: min(T·r_target, D·r_drafter) tokens/s, r being
+one rank's rate (`predict_splits`). The best split of given rates is the fastest of those
+(`best_split`); the rates are either measured (`trainer.plan`) or, before anything is measured,
+taken as the inverse of each role's model FLOPs per token (`target_gpus_for_work`, with the
+FLOPs of `trainer.split_shapes`): the default the trainer runs when `DFLASH_TARGET_GPUS` is
+unset, and `trainer.plan` marks beside the best split it measured.
 
-Why half: a split of T targets and D = G − T drafters trains at min(T·r_target, D·r_drafter)
-(`trainer.plan.predict`), so the best T is near G·r_d/(r_t + r_d). The two rates measured on
-H200s with a Qwen3-8B-shaped target are close (bench/results/split/), which puts the best T a
-little under G/2: ⌊G/2⌋ (the target, the faster side, gets the smaller half of an odd G) is the
-best or near it at those rates, where the ≈ 0.6·G it replaced was far off
-(tests/trainer/test_plan.py checks both). `dflash plan` measures the best split for a model.
+Where no model is known (`dflash init` writes `[job] target_gpus` before any model is there to
+read) the default is ⌊G/2⌋ (`default_target_gpus`): the best split when the two roles cost the
+same per token, the case the two are closest to on a Qwen3-8B-shaped target
+(bench/results/split/). A target whose forward costs several times the drafter's step (a
+Qwen3.6-27B-shaped one, bench/results/seed-size/) wants far more target ranks than that.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Split:
+    targets: int
+    drafters: int
+    tokens_per_s: float
+    bound_by: str  # "target" | "drafter"
+
+
+def predict_splits(r_target: float, r_drafter: float, gpus: int) -> list[Split]:
+    """Every split T + D = gpus with T, D ≥ 1, predicted tokens/s = min(T·r_t, D·r_d)."""
+    out = []
+    for t in range(1, gpus):
+        d = gpus - t
+        tt, dd = t * r_target, d * r_drafter
+        out.append(
+            Split(
+                targets=t,
+                drafters=d,
+                tokens_per_s=min(tt, dd),
+                bound_by="target" if tt < dd else "drafter",
+            )
+        )
+    return out
+
+
+def best_split(splits: list[Split]) -> Split | None:
+    """The fastest split; of equally fast ones the one with the fewest targets: each target rank
+    loads its own copy of the whole target (start-up time, host memory), and for two roles of
+    equal cost on an odd G this is ⌊G/2⌋, the no-model default."""
+    return max(splits, key=lambda s: s.tokens_per_s) if splits else None  # max keeps the first
+
 
 def default_target_gpus(gpus: int) -> int:
-    """Target GPUs (ranks) out of `gpus`: ⌊G/2⌋, so at least one of each role from G = 2 on;
-    0 (target and drafter colocated on one device) for 0 or 1 GPU."""
+    """Target GPUs (ranks) out of `gpus` where no model is known: ⌊G/2⌋, so at least one of each
+    role from G = 2 on; 0 (target and drafter colocated on one device) for 0 or 1 GPU."""
     return gpus // 2 if gpus >= 2 else 0
+
+
+def target_gpus_for_work(gpus: int, target_flops: float, drafter_flops: float) -> int:
+    """Target GPUs (ranks) out of `gpus` from each role's work per token (any one unit, e.g.
+    model FLOPs per context token): the best split of rates ∝ 1/work; 0 for 0 or 1 GPU."""
+    if target_flops <= 0 or drafter_flops <= 0:
+        raise ValueError(f"work per token must be > 0, got {target_flops}, {drafter_flops}")
+    best = best_split(predict_splits(1.0 / target_flops, 1.0 / drafter_flops, gpus))
+    return best.targets if best else default_target_gpus(gpus)

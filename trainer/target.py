@@ -137,11 +137,7 @@ def load_target(
     if hasattr(folder, "to_dict") and not isinstance(folder, str | Path):
         model = _random_model(folder, device=device, dtype=dtype, seed=seed)
     else:
-        folder = Path(folder)
-        if not (folder / "config.json").is_file():
-            raise TrainConfigError(
-                "model.target", f"{folder} has no config.json (a save_pretrained folder)"
-            )
+        folder = check_target_folder(folder)
         model = AutoModelForCausalLM.from_pretrained(
             str(folder), dtype=dtype, local_files_only=True
         )
@@ -151,6 +147,16 @@ def load_target(
     if layers is None:
         layers = default_target_layers(model.config.num_hidden_layers, num_layers)
     return Target(model, layers)
+
+
+def check_target_folder(folder: str | Path) -> Path:
+    """`folder` as a path, refused (`model.target`) unless it holds a config.json."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise TrainConfigError(
+            "model.target", f"{folder} has no config.json (a save_pretrained folder)"
+        )
+    return folder
 
 
 def _weight(layer: nn.Module | None) -> torch.Tensor:

@@ -78,7 +78,7 @@ def _train(args: argparse.Namespace, *, split: bool, force: bool, stop: StopRequ
             from trainer.distributed import roles_from_env
             from trainer.split import run_split
 
-            roles = roles_from_env()  # reads the same WORLD_SIZE as `split`: never None here
+            roles = roles_from_env(config=config)  # the same WORLD_SIZE as `split`: not None
             assert roles is not None
             run_split(config, args.out, roles, force_resume=force, stop=stop)
         else:

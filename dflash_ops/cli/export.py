@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import RenderableType
@@ -25,6 +26,7 @@ from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import CheckpointOption, TargetChoice, with_target
 from dflash_ops.commands import export as exporting
+from trainer import serving
 
 app = typer.Typer()
 
@@ -110,6 +112,16 @@ def export(
     )
     if kept is not None:
         output.info(f"A copy stays at the place: {kept}")
+    output.info(serving.describe(folder, _target(ws.config.train)))
+
+
+def _target(train: Mapping[str, Any]) -> str | None:
+    """`[train.model] target` as `deploy.toml` writes it; None for the demo (it builds its own)."""
+    model, demo = train.get("model"), train.get("demo")
+    if demo is True or (isinstance(demo, Mapping) and demo.get("enabled") is True):
+        return None
+    target = model.get("target") if isinstance(model, Mapping) else None
+    return target if isinstance(target, str) else None
 
 
 class _Flowing(ProgressColumn):

@@ -2,7 +2,7 @@
 
 The GPU count comes from `nvidia-smi --query-gpu=name --format=csv,noheader` run at the place
 (inside the container for a Proxmox target); no `nvidia-smi` means 0 GPUs. The split between the
-target model and the drafter is the trainer's own default (`trainer.split_rule`): ⌊G/2⌋ GPUs
+target model and the drafter is the trainer's no-model split (`trainer.split_rule`): ⌊G/2⌋ GPUs
 serve the target, the rest train the drafter, and with 0 or 1 GPU everything is colocated.
 
 An existing file is never replaced unless asked (`force=True`).

@@ -1,9 +1,12 @@
 """`dflash_ops` in layers, each folder importing only from the ones below it:
 untrusted (text from a place, made safe to show) → errors → connect → settings → remote → commands → cli (→ `__main__`); no import cycle between
 modules (imports inside functions included), no module over ~500 lines, and of the trainer only
-`trainer.split_rule` (torch-free: the CLI runs without torch)."""
+`trainer.split_rule` and `trainer.serving`, torch-free: the CLI runs without torch."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 from tests.layers import find_cycle, graph, imports_of, long_modules, modules
 
@@ -42,6 +45,16 @@ def test_no_module_is_over_500_lines() -> None:
     assert not long, f"split these by job: {long}"
 
 
-def test_of_the_trainer_only_the_split_rule() -> None:
+TORCH_FREE = {"trainer.split_rule", "trainer.serving"}
+
+
+def test_of_the_trainer_only_the_split_rule_and_the_serving_lines() -> None:
     used = set().union(*(imports_of(p, ("trainer",)) for p in modules("dflash_ops").values()))
-    assert used <= {"trainer.split_rule", "trainer.split_rule.default_target_gpus"}, used
+    allowed = TORCH_FREE | {"trainer.split_rule.default_target_gpus", "trainer.serving"}
+    assert used <= allowed | {"trainer"}, used
+
+
+def test_the_trainer_modules_the_cli_imports_load_no_torch() -> None:
+    code = f"import sys; import {', '.join(sorted(TORCH_FREE))}; print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "False"

@@ -128,6 +128,9 @@ def test_export_streams_the_folder_back(place: Place, trained: Trained, tmp_path
     assert result.returncode == 0, result.stderr
     assert same_folder(to, trained.reference)
     assert "Exported to" in result.stderr and "MB/s" in result.stderr
+    spec = {"method": "dflash", "model": str(to), "num_speculative_tokens": 3}  # B = 4
+    assert f"vLLM: vllm serve TARGET --speculative-config '{json.dumps(spec)}'" in result.stderr
+    assert f"--speculative-draft-model-path {to} --speculative-num-draft-tokens 4" in result.stderr
     left = {p.name for p in place.checkpoints.iterdir()} - {"train_stdout.log", "archive"}
     assert left == {"step-00000002"}  # no temporary folder left at the place
     assert list(to.parent.iterdir()) == [to]  # no staging folder left here

@@ -217,7 +217,7 @@ DEPLOY = [
     ("stop", None, True),
     ("switch", "mv -T -- releases/", True),
     ("prune", "sort -u", True),
-    ("archive", "mv -- ", True),
+    ("archive", "/archive/", True),  # its mv; not the bundle's (the watcher's)
     ("start", "new-session", True),
     ("ready", "grep -qF -- run of", True),
 ]
@@ -227,7 +227,7 @@ RESTART = [
     ("lock", "ln -sT -- {", False),
     ("current", "readlink -- ", False),
     ("stop", None, True),
-    ("archive", "mv -- ", True),
+    ("archive", "/archive/", True),  # its mv; not the bundle's (the watcher's)
     ("start", "new-session", True),
     ("ready", "grep -qF -- run of", True),
 ]

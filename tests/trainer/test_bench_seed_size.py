@@ -107,18 +107,19 @@ def test_bad_caps_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> Non
     assert "'drafer=400': STAGE=SECONDS" in capsys.readouterr().err
 
 
-def test_attention_pairs_add_up_over_parts_of_the_blocks() -> None:
+def test_attention_pairs_are_the_dense_masks_trues() -> None:
+    """Counted per slot, the pairs are exactly the dense mask's: windows narrower and wider
+    than a block, causal or not, invalid blocks."""
     from trainer.masks import batched_dense_mask
 
     gen = torch.Generator().manual_seed(0)
     anchors = torch.sort(torch.randint(1, 200, (2, 37), generator=gen)).values
     valid = torch.rand(2, 37, generator=gen) > 0.2
-    for window, causal in ((None, False), (24, True)):
-        whole = batched_dense_mask(anchors, 256, 4, window=window, causal_in_block=causal,
-                                   valid=valid)  # fmt: skip
-        parts = attention_pairs(anchors, valid, 256, 4, window=window, causal_in_block=causal,
-                                blocks_at_once=8)  # fmt: skip
-        assert parts == int(whole.sum()) > 0
+    cases = ((4, None, False), (4, 24, True), (4, None, True), (6, 3, True), (6, 3, False))
+    for block, window, causal in cases:
+        kinds = {"window": window, "causal_in_block": causal}
+        whole = batched_dense_mask(anchors, 256, block, valid=valid, **kinds)
+        assert attention_pairs(anchors, valid, 256, block, **kinds) == int(whole.sum()) > 0
 
 
 def test_the_targets_flops_count_its_own_weights_and_the_chunked_delta_rule() -> None:

@@ -23,7 +23,7 @@ from trainer.formats import Sample, write_samples
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("check") / "target"
-    build_target(folder, DemoConfig(enabled=True, num_layers=4))
+    build_target(folder, DemoConfig(enabled=True, num_layers=4, num_heads=4, num_kv_heads=2))
     build_tokenizer(folder)
     return folder
 

@@ -21,7 +21,7 @@ def test_roles_targets_first() -> None:
     assert (r.role, r.index, r.num_drafters) == ("drafter", 0, 3)
     assert r.target_ranks == [0, 1, 2, 3, 4] and r.drafter_ranks == [5, 6, 7]
     assert r.describe() == "rank 5 (drafter 0 of 3)" and r.describe(4) == "rank 4 (target 4 of 5)"
-    r = roles_from_env({"WORLD_SIZE": "3", "RANK": "0"})  # default: ⌊W/2⌋ targets
+    r = roles_from_env({"WORLD_SIZE": "3", "RANK": "0"})  # no model given: ⌊W/2⌋ targets
     assert (r.role, r.num_targets) == ("target", 1)
     for bad in ("0", "3", "x"):
         with pytest.raises(DistributedSetupError, match="DFLASH_TARGET_GPUS"):

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,11 +20,12 @@ from trainer import checkpoint as ckpt
 from trainer.config import config_from_dict
 from trainer.data import load_samples
 from trainer.drafters import DFlashDrafter
+from trainer.engine_report import EngineRequest, write_report
 from trainer.eval_prompts import prompt_of_sample
 from trainer.export import ExportRefused, export
 from trainer.hf_format import DrafterFolderError, hf_tensors, load_folder, write_folder
 from trainer.model import DRAFTER_FORMAT
-from trainer.speculative import evaluate
+from trainer.speculative import evaluate, speculative_decode_many
 from trainer.target import default_target_layers
 from trainer.trainer import Trainer
 
@@ -129,10 +132,10 @@ def test_config_keys_and_values_follow_the_drafter(run, exported) -> None:
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
     assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (
         64,
-        4,
         2,
+        1,
     )
-    assert (cfg["head_dim"], cfg["intermediate_size"], cfg["vocab_size"]) == (16, 128, 512)
+    assert (cfg["head_dim"], cfg["intermediate_size"], cfg["vocab_size"]) == (32, 128, 512)
     assert cfg["rms_norm_eps"] == tcfg.rms_norm_eps and cfg["hidden_act"] == "silu"
     assert cfg["rope_theta"] == tcfg.rope_parameters["rope_theta"] and cfg["rope_scaling"] is None
     assert cfg["max_position_embeddings"] == tcfg.max_position_embeddings
@@ -253,6 +256,11 @@ def run_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def served_by(lines: list[str], engine: str) -> list[str]:
+    """The argv of the command line `trainer.export` printed for `engine`."""
+    return shlex.split(next(x for x in lines if x.startswith(f"  {engine}: ")).split(": ", 1)[1])
+
+
 def write_toml(raw: dict, path: Path) -> Path:
     lines = []
     for name, values in raw.items():
@@ -270,7 +278,16 @@ def test_entry_points_export_and_evaluate_the_folder(run, tmp_path) -> None:
     proc = run_module("trainer.export", "--config", str(cfg), "--checkpoint", str(out),
                       "--out", str(tmp_path / "d"), "--dtype", "fp32")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == str(tmp_path / "d")
+    lines = proc.stdout.splitlines()
+    assert lines[0] == str(tmp_path / "d")
+    assert lines[1] == "Serve it (B = 4, so vLLM's num_speculative_tokens = 3):"
+    assert served_by(lines, "vLLM") == [
+        "vllm", "serve", trainer.config.model.target, "--speculative-config",
+        json.dumps({"method": "dflash", "model": str(tmp_path / "d"), "num_speculative_tokens": 3}),
+    ]  # fmt: skip
+    sglang = served_by(lines, "SGLang")
+    assert sglang[sglang.index("--speculative-num-draft-tokens") + 1] == "4"
+    assert sglang[sglang.index("--speculative-draft-model-path") + 1] == str(tmp_path / "d")
     prompts = tmp_path / "p.jsonl"
     rows = load_samples(trainer.config.data.path)[:3]
     prompts.write_text("".join(json.dumps({"input_ids": r.input_ids[:6]}) + "\n" for r in rows))
@@ -284,11 +301,44 @@ def test_entry_points_export_and_evaluate_the_folder(run, tmp_path) -> None:
     assert again.returncode == 2 and "exists" in again.stderr
 
 
+def test_the_entry_point_checks_an_engine_report_of_the_folder(run, tmp_path) -> None:
+    """`trainer.evaluate --engine-report`: a report of what the project decodes with the folder
+    agrees (exit 0); one accepted count changed parts at its request and step (exit 1)."""
+    trainer, out = run
+    raw = {k: dict(v) for k, v in RAW.items()}
+    raw["demo"]["folder"] = trainer.config.demo.folder
+    cfg = write_toml(raw, tmp_path / "c.toml")
+    folder = export(trainer.config, out, tmp_path / "d", dtype="fp32")
+    target = trainer.source.target
+    loaded, _ = load_folder(folder)
+    block = DFlashDrafter(
+        loaded, embed_weight=target.embed_weight, lm_head_weight=target.lm_head_weight
+    )
+    prompts = [s.input_ids[:6] for s in load_samples(trainer.config.data.path)[:3]]
+    decoded = speculative_decode_many(target, block, prompts, 12, eos=[])
+    requests = [
+        EngineRequest(p, d.tokens, 12, d.accepted, 3) for p, d in zip(prompts, decoded, strict=True)
+    ]
+    args = ["--config", str(cfg), "--drafter", str(folder), "--engine-report"]
+    agree = run_module("trainer.evaluate", *args, str(write_report(tmp_path / "r.jsonl", requests)))
+    assert agree.returncode == 0, agree.stderr
+    assert "acceptance: 3/3 requests equal step for step" in agree.stdout
+    assert agree.stdout.rstrip().endswith("engine and project agree")
+    changed = list(requests[1].accepted or [])
+    changed[0] = (changed[0] + 1) % 4
+    requests[1] = replace(requests[1], accepted=changed)
+    part = run_module("trainer.evaluate", *args, str(write_report(tmp_path / "p.jsonl", requests)))
+    assert part.returncode == 1, part.stderr
+    assert (
+        f"request 1: acceptance parts at verify step 0 (engine accepted {changed[0]}" in part.stdout
+    )
+
+
 @pytest.mark.parametrize(
     ("key", "value", "config_key", "weight"),
     [
         ("intermediate_size", 96, "intermediate_size", "layers.0.mlp.up_proj.weight"),
-        ("num_kv_heads", 4, "num_key_value_heads", "layers.0.self_attn.k_proj.weight"),
+        ("num_kv_heads", 2, "num_key_value_heads", "layers.0.self_attn.k_proj.weight"),
         ("num_heads", 8, "num_attention_heads", "layers.0.self_attn.q_proj.weight"),
         ("head_dim", 8, "head_dim", "layers.0.self_attn.o_proj.weight"),
     ],
@@ -296,7 +346,7 @@ def test_entry_points_export_and_evaluate_the_folder(run, tmp_path) -> None:
 def test_a_drafter_of_its_own_shape_exports_and_reads_back(
     tmp_path, key: str, value: int, config_key: str, weight: str
 ) -> None:
-    """`model.intermediate_size` / `model.num_kv_heads` (not the target's 128 / 2) are the
+    """`model.intermediate_size` / `model.num_kv_heads` (not the target's 128 / 1) are the
     folder's `intermediate_size` / `num_key_value_heads`, the keys the engines build the MLP and
     the attention from; read back, the drafter drafts the same; exporting its checkpoint with a
     config without the key is refused by name."""

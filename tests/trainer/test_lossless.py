@@ -86,12 +86,16 @@ def test_past_a_tie_a_wrong_token_or_an_early_stop_is_a_violation(tmp_path_facto
     with pytest.raises(LosslessViolation) as err:  # stopped with no EOS, before the budget
         check_output(target, 3, PROMPT, other[:6], want, max_new_tokens=NEW, eos=set())
     assert err.value.position == 6 and err.value.got is None
-    # an EOS ends the output: here the token at 5 is one, and decoding went on past it
+    # an EOS ends the output: here the token at 5 is one (first met at `end`, past the tie), and
+    # decoding went on past it
+    end = other.index(other[5])
+    assert AT < end < NEW - 1
     with pytest.raises(LosslessViolation) as err:
         check_output(target, 3, PROMPT, other, want, max_new_tokens=NEW, eos={other[5]})
-    assert err.value.position == 6
+    assert err.value.position == end + 1
     # cut right after it, the output is whole
-    assert check_output(target, 3, PROMPT, other[:6], want, max_new_tokens=NEW, eos={other[5]}) == 1
+    whole = other[: end + 1]
+    assert check_output(target, 3, PROMPT, whole, want, max_new_tokens=NEW, eos={other[5]}) == 1
     # the tied token itself an EOS, and decoding went on
     with pytest.raises(LosslessViolation) as err:
         check_output(target, 3, PROMPT, other, want, max_new_tokens=NEW, eos={b})

@@ -72,6 +72,24 @@ def test_report_names_the_default_split_beside_the_best() -> None:
     assert report(rates(*H200_RATES), 1)["default"] is None
 
 
+def test_report_marks_the_default_of_the_model_shapes_and_says_its_flops() -> None:
+    """With the roles' work per token known, the default row is theirs (here a target costing
+    six times the drafter: 6 + 2 of 8 beside ⌊G/2⌋'s 4), and the report says the two figures."""
+    from trainer.split_shapes import RoleWork
+
+    work = RoleWork(target_flops=60e9, drafter_flops=10e9, tokens=49152)
+    r = report(rates(4.3e3, 7.2e3), 8, work=work)
+    assert (r["best"]["targets"], r["default"]["targets"]) == (5, 6)
+    assert r["default_from"] == {"target_flops": 60e9, "drafter_flops": 10e9, "tokens": 49152}
+    text = format_report(r)
+    assert [line.split()[0] for line in text.splitlines() if line.endswith("<- default")] == ["6"]
+    assert (
+        "default split from model FLOPs per token at 49,152 tokens a sequence: target "
+        "60.0 GFLOP, drafter 10.0 GFLOP" in text
+    )
+    assert report(rates(4.3e3, 7.2e3), 8)["default_from"] is None
+
+
 def test_the_report_names_the_memory_of_a_rank_where_it_was_measured() -> None:
     from dataclasses import replace
 
@@ -95,6 +113,12 @@ def test_plan_measures_a_tiny_config(tmp_path, capsys) -> None:
     )
     r = json.loads(capsys.readouterr().out)
     assert r["rates"]["r_target"] > 0 and r["rates"]["r_drafter"] > 0
+    from trainer.config import load_config
+    from trainer.split_shapes import role_work
+
+    work = role_work(load_config(cfg))  # the demo's shapes: the default row is theirs
+    assert r["default_from"] == {**vars(work)}
+    assert r["default"]["targets"] == work.target_gpus(4)
     assert r["rates"]["target_peak_gib"] is None  # measured on a GPU only
     assert [(s["targets"], s["drafters"]) for s in r["splits"]] == [(1, 3), (2, 2), (3, 1)]
     assert r["best"]["tokens_per_s"] == max(s["tokens_per_s"] for s in r["splits"])

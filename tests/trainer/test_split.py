@@ -69,15 +69,13 @@ def free_port() -> int:
 
 
 def torchrun(
-    config: Path, out: Path, *, procs: int, targets: int, extra_env: dict | None = None
+    config: Path, out: Path, *, procs: int, targets: int | None, extra_env: dict | None = None
 ) -> subprocess.Popen[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "DFLASH_TARGET_GPUS": str(targets),
-        "OMP_NUM_THREADS": "1",
-        **(extra_env or {}),
-    }
+    """`targets`: DFLASH_TARGET_GPUS, None leaves it unset (the trainer's default split)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(extra_env or {})}
+    env.pop("DFLASH_TARGET_GPUS", None)
+    if targets is not None:
+        env["DFLASH_TARGET_GPUS"] = str(targets)
     argv = [
         sys.executable,
         "-m",
@@ -141,7 +139,7 @@ def run_split(
     assets: Path,
     *,
     procs: int,
-    targets: int,
+    targets: int | None,
     data: dict | None = None,
     evaluation: dict | None = None,
     model: dict | None = None,
@@ -209,12 +207,19 @@ def test_two_drafters_training_in_parts_match_one_part(tmp_path, assets) -> None
 
 @pytest.mark.slow
 def test_two_targets_one_drafter_and_resume(tmp_path, assets) -> None:
-    out, log, ranks = run_split(tmp_path, assets, procs=3, targets=2, steps=4, checkpoint_every=2)
+    """Two targets without `DFLASH_TARGET_GPUS`: the default split of the demo's shapes, which
+    rank 0 says once (its target costs more per token than the drafter, so 2 + 1 of 3 where
+    ⌊G/2⌋ would be 1 + 2; tests/trainer/test_split_shapes.py)."""
+    out, log, ranks = run_split(
+        tmp_path, assets, procs=3, targets=None, steps=4, checkpoint_every=2
+    )
+    assert log.count("default split 2 + 1 of 3 GPUs") == 1, log[-4000:]
+    assert [r["role"] for r in ranks] == ["target", "target", "drafter"]
     check_exactly_once(ranks, expected=4)
     assert all(r["batches"] > 0 for r in ranks[:2]), "both targets should have produced"
     # resume the same run folder for 2 more steps: batches 4 and 5 follow, nothing repeats
     cfg = write_config(tmp_path / "c2.toml", assets, steps=6, checkpoint_every=2, extend=True)
-    proc = torchrun(cfg, out, procs=3, targets=2)
+    proc = torchrun(cfg, out, procs=3, targets=None)
     log2 = finish(proc, 90)
     assert proc.returncode == 0, log2[-4000:]
     assert "resumed from step-00000004" in log2
