@@ -31,7 +31,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch
 
-from bench.common import environment, write
+from bench.common import environment, help_parser, write
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "trainer" / "configs" / "demo.toml"
@@ -63,11 +63,17 @@ def one_run(settings: list[str], steps: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--variant", type=parse_variant, action="append", required=True)
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--out", type=Path, default=None)
+    p = help_parser(__doc__)
+    p.add_argument(
+        "--variant",
+        type=parse_variant,
+        action="append",
+        required=True,
+        help='"NAME: KEY=VALUE …": the --set overrides of one variant ("NAME:" for none); repeat',
+    )
+    p.add_argument("--repeat", type=int, default=3, help="runs of each variant, interleaved")
+    p.add_argument("--steps", type=int, default=300, help="run.steps of each run")
+    p.add_argument("--out", type=Path, default=None, help="the JSON record to write")
     args = p.parse_args(argv)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in args.variant}
     for rep in range(args.repeat):

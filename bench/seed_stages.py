@@ -413,8 +413,10 @@ def stage_split(spec: dict[str, Any], out: Path, smoke: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data, run = Path(tmp) / "data.jsonl", Path(tmp) / "run"
         write_data(data, spec, samples=spec["split_steps"] * gpus + 4)
-        port = _free_port()
-        mp.spawn(split_rank, args=(gpus, port, targets, spec, str(data), str(run), smoke),
+        # the store held here, as torchrun's agent holds it: its port is the OS's pick, bound
+        # before any rank starts (a port found free and bound later may be taken meanwhile)
+        store = _agent_store()
+        mp.spawn(split_rank, args=(gpus, store.port, targets, spec, str(data), str(run), smoke),
                  nprocs=gpus)  # fmt: skip
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     measured = measured_rate(rows, spec["split_warmup"])
@@ -430,6 +432,7 @@ def split_rank(
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      TORCHELASTIC_USE_AGENT_STORE="True",
                       DFLASH_TARGET_GPUS=str(targets))  # fmt: skip
     from trainer.distributed import roles_from_env
     from trainer.split import run_split
@@ -441,12 +444,13 @@ def split_rank(
     run_split(cfg, run, roles, target_loader=lambda c, d: load(spec, d), save_checkpoints=False)
 
 
-def _free_port() -> int:
-    import socket
+def _agent_store() -> Any:
+    """A TCP store on a port the OS picks, that the ranks join as clients."""
+    from datetime import timedelta
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=300))
 
 
 # ---- dispatch ---------------------------------------------------------------------------------

@@ -92,12 +92,22 @@ class DrafterShape:
 
 
 # The drafter's own shape keys, by the parameters whose shapes they change.
-_OWN_SHAPE = {
-    "model.intermediate_size": (".mlp.",),
-    "model.num_kv_heads": (".self_attn.k_proj.", ".self_attn.v_proj."),
-    "model.num_heads": (".self_attn.q_proj.", ".self_attn.o_proj."),
-    "model.head_dim": (".self_attn.",),
-}
+def _keys_behind(wrong: list[str]) -> list[str]:
+    """The drafter shape keys that make these parameter names differ from the target's: a
+    head_dim of its own changes every attention projection (and the q/k norms), so it alone is
+    named then; otherwise k/v name num_kv_heads and q/o num_heads."""
+    part = {p: any(f".{p}." in n for n in wrong) for p in _PARTS}
+    keys = ["model.intermediate_size"] if part["mlp"] else []
+    if part["q_norm"] or part["k_norm"] or all(part[p] for p in ("q_proj", "k_proj", "o_proj")):
+        return [*keys, "model.head_dim"]
+    if part["k_proj"] or part["v_proj"]:
+        keys.append("model.num_kv_heads")
+    if part["q_proj"] or part["o_proj"]:
+        keys.append("model.num_heads")
+    return keys
+
+
+_PARTS = ("mlp", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
 
 
 def shape_from_target(target_config: Any, model: ModelConfig, *, num_features: int) -> DrafterShape:
@@ -274,11 +284,7 @@ class Drafter(nn.Module):
         extra = sorted(set(weights) - set(own))
         wrong = [n for n in own if n in weights and weights[n].shape != own[n].shape]
         if missing or extra or wrong:
-            own_shape = [
-                key
-                for key, parts in _OWN_SHAPE.items()
-                if any(p in n for p in parts for n in wrong)
-            ]
+            own_shape = _keys_behind(wrong)
             why = f" (a {' and '.join(own_shape)} other than the target's)" if own_shape else ""
             raise TrainConfigError(
                 "model.init_layers",

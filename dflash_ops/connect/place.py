@@ -157,6 +157,9 @@ class HostPlace:
         self.transport.close()
 
 
+_PCT_STATUS_CAP = 1024  # bytes of `pct status` kept: `status: running`, or what went wrong
+
+
 class ContainerPlace:
     """Commands run inside LXC container `ct` through `pct exec` on the transport's host."""
 
@@ -226,7 +229,8 @@ class ContainerPlace:
         """`pct status <ct>` on the host: pct present, container exists and is running."""
         argv = ["pct", "status", str(self.ct)]
         try:
-            result = self.transport.run(argv, timeout=self.timeout)
+            # its answer is one short line: the first KiB of it is all that is read into memory
+            result = self.transport.run(argv, timeout=self.timeout, cap=_PCT_STATUS_CAP)
         except CommandTimedOut:
             raise timed_out(argv, self.timeout, self.transport.description) from None
         self._raise_for_pct(result.exit_code, result.stderr)

@@ -186,6 +186,7 @@ def argv(
         ("session", plan.job.session),
         ("log", plan.job.log),
         ("stop-ticks", ",".join(plan.job.stop_ticks(save=steps.save))),
+        ("tool-timeout", f"{plan.releases.place.timeout:g}"),
     ]
     options += [("stale", stale)] if stale else []
     options += [("archive-to", archive)] if archive else []

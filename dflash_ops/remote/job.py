@@ -68,6 +68,7 @@ _SIZE_AND_TAIL = (
 
 _MISSING = ("can't find session", "no server running", "error connecting", "can't find window")
 _NOT_CLOSED = "tmux did not close the job session"  # site.sh's `job_end`, after five kills
+_HUNG = "` did not answer within "  # site.sh's `tmux`, past --tool-timeout
 TMUX_CAP = 64 * 1024  # bytes of a tmux answer kept (a pane's state line is under 100)
 
 
@@ -287,6 +288,13 @@ class Job:
         after the job stopped (None: the caller quotes the error)."""
         if exit_code == 127:
             return self.tmux_missing()
+        if _HUNG in stderr:
+            return DflashError(
+                f"Could not stop the job on {self.place.description}: "
+                f"{last_line(stderr)}; nothing was switched, archived or started.",
+                hint=f"tmux hangs there: look at it (tmux -L {self.socket} ls), end the hung "
+                "tmux processes, then run the command again.",
+            )
         if _NOT_CLOSED not in stderr:
             return None
         return DflashError(

@@ -15,6 +15,7 @@
 #
 #   COMMON: --root DIR --lock PATH --owner JSON [--stale RECORD] --checkpoints DIR
 #           --socket NAME --session NAME --log FILE --stop-ticks INT,TERM,KILL
+#           [--tool-timeout SECONDS]   (each tmux call's bound: see below)
 #   START:  [--wait TICKS --ready TEXT]: after the start, wait (ticks of 0.1 s) until TEXT is in
 #           the job's new log lines (empty: any line) or the job has ended (step `ready`)
 #
@@ -49,7 +50,9 @@
 # (the EXIT trap releases the lock on the way out) — in the preflight as in every later step.
 # The steps themselves read nothing from it. How long a step may take is the caller's to judge
 # (it reads the step lines as they come and ends the command when a step overruns: before the
-# stop the watcher then ends the group).
+# stop the watcher then ends the group). From the stop on no watcher is left, so the program
+# bounds its own waits: each tmux call ends (SIGKILL) after --tool-timeout seconds, saying so
+# on stderr, and a step whose tmux hung fails — the lock goes with the program.
 
 readonly TICK=10        # seconds between two `tick` lines
 readonly HELD=3         # the lock is held by someone else
@@ -57,6 +60,7 @@ readonly PREFLIGHT=10   # tmux or python failed
 readonly RUNNING=5      # the job's session is running (start refused)
 readonly MOVED=4        # rollback: `current` no longer points at --expect
 readonly GONE=143       # the caller let go before the stop: nothing was stopped
+readonly HUNG=124       # a tool did not answer within --tool-timeout (`tmux` below)
 readonly NO_VENV=20 NO_INSTALL=21 MISSING=22  # venv: its creation, pip, a module missing
 readonly SAY_MAX=4000   # characters of one value printed by `say`
 readonly COMPLETE=.complete  # written last into a release: everything before it is on disk
@@ -212,8 +216,17 @@ checkpoints_remove_run() {  # $1 checkpoints folder, $2 an archived run. Exit 3:
 
 # --- job: one tmux session on a private socket ----------------------------------------------
 
+tmux() {  # the real tmux; from the stop on (`hold_on` sets tool_bound) SIGKILLed after
+  # --tool-timeout seconds (HUNG, said on stderr). --foreground keeps it in our process group.
+  local rc
+  [ -n "$tool_bound" ] || { command tmux "$@"; return; }
+  timeout --foreground -s KILL "$tool_bound" tmux "$@"; rc=$?
+  [ "$rc" = 137 ] || return "$rc"
+  echo "\`tmux ${3:-$1}\` did not answer within $tool_bound s" >&2
+  return "$HUNG"
+}
 have_tmux() {
-  command -v tmux >/dev/null || { echo "tmux: command not found" >&2; return 1; }
+  type -P tmux >/dev/null || { echo "tmux: command not found" >&2; return 1; }
 }
 job_read() {  # $1 socket, $2 session: the pane's state line; nothing without a session
   # Exit 2: tmux failed otherwise (three times), its error on stderr — never taken for "no
@@ -223,6 +236,7 @@ job_read() {  # $1 socket, $2 session: the pane's state line; nothing without a 
     out=$(tmux -L "$1" list-panes -t "=$2:" -F "$FORMAT" 2>&1 | head -c 4096
           exit "${PIPESTATUS[0]}"); rc=$?
     [ "$rc" != 0 ] || { printf '%s\n' "${out%%$'\n'*}"; return 0; }
+    [ "$rc" != "$HUNG" ] || { printf '%s\n' "${out##*$'\n'}" >&2; return 2; }
     case $out in
       *"can't find session"* | *"can't find window"* | *"no server running"* | \
       *"error connecting to"*"(No such file or directory)"* | \
@@ -434,6 +448,9 @@ hold_on() {  # the point of no return, as the stop begins: from here on the step
   # `read -t 0` on fd 3 finds EOF, the watcher having taken every byte before it) still leaves
   # everything as it was.
   trap ':' TERM HUP INT PIPE
+  if [ -n "$tool_timeout" ] && timeout --foreground 1 true 2>/dev/null; then
+    tool_bound=$tool_timeout  # no watcher from here: the program bounds its own tmux calls
+  fi
   if [ -n "$watcher" ]; then kill -s KILL "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; fi
   watcher=""
   if read -r -t 0 <&3; then exit "$GONE"; fi
@@ -449,7 +466,8 @@ usage() { echo "site.sh: $1" >&2; exit 2; }
 
 parse_options() {  # named options into the globals below; after `--`: tmux's start arguments
   root="" id="" size="" keep=5 lock="" owner="" stale="" ckpt="" dest="" expect=""
-  socket="" session="" log="" ticks="" run="" wait=0 ready="" watcher=""
+  socket="" session="" log="" ticks="" run="" wait=0 ready="" watcher="" tool_timeout=""
+  tool_bound=""
   venv="" base="" requirements="" torch_index="" torch="" wheels="" system_site=""
   probe=() checker=() tmux_args=()
   while [ "$#" -gt 0 ]; do
@@ -485,6 +503,7 @@ parse_options() {  # named options into the globals below; after `--`: tmux's st
       --wheels) wheels=$2 ;;
       --system-site) system_site=$2 ;;
       --ready) ready=$2 ;;
+      --tool-timeout) tool_timeout=$2 ;;
       *) usage "unknown option $1" ;;
     esac
     shift 2

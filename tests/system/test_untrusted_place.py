@@ -226,8 +226,9 @@ COMMANDS = {
 HUNG = {
     "status": "`tmux list-panes` did not answer within 3 s",
     "doctor": "`tmux -V` did not answer within 3 s",
-    "stop": "step stop did not finish within",
-    "restart": "step stop did not finish within",
+    # from the stop on the place bounds its own tmux calls: it ends, and the lock goes with it
+    "stop": "Could not stop the job on",
+    "restart": "`tmux list-panes` did not answer within 3 s; nothing was switched",
     "deploy": "step tmux did not finish within 3 s",
 }
 PCT_HUNG = {"status": "`pct status` did not answer within 3 s", "deploy": "step start-up"}

@@ -30,6 +30,15 @@ def test_the_smoke_runs_every_stage_and_writes_the_record(tmp_path: Path) -> Non
     )
     assert run.returncode == 0, run.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
+    ended = {name: stage["ended"] for name, stage in s["stages"].items()}
+    assert ended == {
+        "target": "done",
+        "drafter": "done",
+        "target-fallback": "done",
+        "drafter-flash": "not started: a GPU stage",
+        "target-compiled": "not started: a GPU stage",
+        "split": "done",
+    }, run.stderr[-3000:]
     assert (s["gpu"], s["torch"]) == ("cpu", torch.__version__)
     t, d, plan = s["target"], s["drafter"], s["plan"]
     assert t["tokens"] == t["fallback_tokens"] == 256
@@ -47,15 +56,6 @@ def test_the_smoke_runs_every_stage_and_writes_the_record(tmp_path: Path) -> Non
     assert set(plan["reports"]) == {"8", "4", "2"} and plan["seed_tokens_per_s"]["5+3"] == 21_500
     split = s["split"]
     assert (split["targets"], split["drafters"]) == (1, 1) and split["measured_tokens_per_s"] > 0
-    ended = {name: stage["ended"] for name, stage in s["stages"].items()}
-    assert ended == {
-        "target": "done",
-        "drafter": "done",
-        "target-fallback": "done",
-        "drafter-flash": "not started: a GPU stage",
-        "target-compiled": "not started: a GPU stage",
-        "split": "done",
-    }
     assert "plan for 8 GPUs" in run.stdout and "<- best" in run.stdout
 
 

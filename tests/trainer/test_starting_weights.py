@@ -101,3 +101,15 @@ def test_other_key_value_heads_cannot_start_from_the_target_layers(target) -> No
     kv = 2 * target.config.num_key_value_heads
     with pytest.raises(TrainConfigError, match="model.num_kv_heads other than the target"):
         worker(target, init_layers=[0, 1], num_kv_heads=kv)
+
+
+def test_other_query_heads_cannot_start_from_the_target_layers(target) -> None:
+    heads = 2 * target.config.num_attention_heads
+    with pytest.raises(TrainConfigError, match=r"\(a model.num_heads other than the target"):
+        worker(target, init_layers=[0, 1], num_heads=heads)
+
+
+def test_another_head_size_is_named_alone(target) -> None:
+    head_dim = 2 * target.config.head_dim
+    with pytest.raises(TrainConfigError, match=r"\(a model.head_dim other than the target"):
+        worker(target, init_layers=[0, 1], head_dim=head_dim)
