@@ -1,5 +1,5 @@
 """The split of a node: how many of its G GPUs (ranks) run the frozen target, T of them, with
-D = G − T training the drafter. Plain arithmetic without torch: `dflash_ops` imports it.
+D = G − T training the drafter. Plain arithmetic, without torch.
 
 A split trains no faster than its slower side: min(T·r_target, D·r_drafter) tokens/s, r being
 one rank's rate (`predict_splits`). The best split of given rates is the fastest of those
@@ -8,10 +8,9 @@ taken as the inverse of each role's model FLOPs per token (`target_gpus_for_work
 FLOPs of `trainer.split_shapes`): the default the trainer runs when `DFLASH_TARGET_GPUS` is
 unset, and `trainer.plan` marks beside the best split it measured.
 
-Where no model is known (`dflash init` writes `[job] target_gpus` before any model is there to
-read) the default is ⌊G/2⌋ (`default_target_gpus`): the best split when the two roles cost the
-same per token, the case the two are closest to on a Qwen3-8B-shaped target
-(bench/results/split/). A target whose forward costs several times the drafter's step (a
+Where no model is known (no training config: `roles_from_env` alone) the default is ⌊G/2⌋
+(`default_target_gpus`): the best split when the two roles cost the same per token, the case
+the two are closest to on a Qwen3-8B-shaped target (bench/results/split/). A target whose forward costs several times the drafter's step (a
 Qwen3.6-27B-shaped one, bench/results/seed-size/) wants far more target ranks than that.
 """
 

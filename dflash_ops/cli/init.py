@@ -23,7 +23,6 @@ from dflash_ops.commands.workspace import open_place
 from dflash_ops.errors import ConfigError, DflashError
 from dflash_ops.settings import project as projects
 from dflash_ops.settings.deploy_config import DEFAULT_CONFIG_NAME, Target
-from trainer.split_rule import default_target_gpus
 
 app = typer.Typer()
 
@@ -114,13 +113,9 @@ def init_command(
             plan, remote_root=own.remote_root, remote_checkpoints=own.remote_checkpoints
         )
     init_lib.write(path, init_lib.render(plan), force=force)
-    split = default_target_gpus(gpus.count)
     counted = output.plural(gpus.count, "GPU") if gpus.counted else "GPUs NOT COUNTED (gpus = 0)"
-    output.success(
-        f"Wrote {path}: {place_kind} place, {counted}"
-        + (f", {split} for the target model" if split else "")
-        + "."
-    )
+    split = ", split by the trainer from the model shapes" if gpus.count > 1 else ""
+    output.success(f"Wrote {path}: {place_kind} place, {counted}{split}.")
     if not gpus.counted:
         output.warn(
             f"The GPUs of {target.describe()} were not counted ({gpus.note}): [job] gpus = 0 "

@@ -22,7 +22,6 @@ from dflash_ops.connect.place import Place
 from dflash_ops.errors import CommandTimedOut, DflashError
 from dflash_ops.settings.job_config import JobConfig
 from dflash_ops.untrusted import clip, last_line
-from trainer.split_rule import default_target_gpus
 
 QUERY = "index,utilization.gpu,memory.used,memory.total"
 SMI_ARGV = ("nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits")
@@ -106,12 +105,10 @@ def unused(job: JobConfig, *, seen: int) -> int:
 
 def unused_words(count: int, where: str, config: str) -> tuple[str, str]:
     """The warning about `count` idle GPUs at `where`, and its fix naming the file `config`."""
-    split = default_target_gpus(count)
-    target = f" and target_gpus = {split}" if split else ""
     return (
         f"{where} has {count} GPU{'s' if count != 1 else ''}, but [job] gpus = 0: the job "
         "trains on the CPU.",
-        f"Set gpus = {count}{target} under [job] in {config} and deploy again; to train on "
+        f"Set gpus = {count} under [job] in {config} and deploy again; to train on "
         'the CPU on purpose, set CUDA_VISIBLE_DEVICES = "" in [job] env.',
     )
 

@@ -1,9 +1,10 @@
 """`dflash init`: write a commented deploy.toml for a place, with its GPU count read from it.
 
 The GPU count comes from `nvidia-smi --query-gpu=name --format=csv,noheader` run at the place
-(inside the container for a Proxmox target); no `nvidia-smi` means 0 GPUs. The split between the
-target model and the drafter is the trainer's no-model split (`trainer.split_rule`): ⌊G/2⌋ GPUs
-serve the target, the rest train the drafter, and with 0 or 1 GPU everything is colocated.
+(inside the container for a Proxmox target); no `nvidia-smi` means 0 GPUs. `target_gpus = 0` is
+written whatever the count: the trainer then picks the split between the target model and the
+drafter from the model shapes it reads at start (`trainer.split_shapes`), which no file written
+before the model is there can know; with 0 or 1 GPU everything is colocated.
 
 An existing file is never replaced unless asked (`force=True`).
 """
@@ -18,7 +19,6 @@ from pathlib import Path
 
 from dflash_ops.connect.place import Place
 from dflash_ops.errors import ConfigError
-from trainer.split_rule import default_target_gpus
 
 NVIDIA_SMI = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
 
@@ -74,7 +74,6 @@ def _line(setting: str, comment: str = "") -> str:
 def render(plan: InitPlan) -> str:
     """The text of deploy.toml: every setting present or commented, with what it means."""
     g = plan.gpus
-    target_gpus = default_target_gpus(g.count)
     names = ", ".join(sorted(set(g.names)))
     found = f"{g.count} × {names}" if g.names else f"none ({g.note or 'nvidia-smi lists none'})"
     lines = [
@@ -119,13 +118,12 @@ def render(plan: InitPlan) -> str:
         'env = { PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True" }',
         *_gpus_lines(g, found),
     ]
-    if target_gpus:
-        rest = g.count - target_gpus
-        lines.append(
-            _line(
-                f"target_gpus = {target_gpus}", f"serve the target model; {rest} train the drafter"
-            )
-        )
+    if g.count > 1:
+        lines += [
+            "# 0: the trainer picks the split from the model shapes (logged as the job starts;",
+            "# `dflash plan` measures every split on the node)",
+            _line("target_gpus = 0", "or N: N GPUs serve the target, the rest train"),
+        ]
     else:
         lines.append(_line("target_gpus = 0", "0: target and drafter share the GPU (colocated)"))
     lines += [

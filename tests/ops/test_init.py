@@ -15,7 +15,6 @@ from dflash_ops.commands import init
 from dflash_ops.connect.place import HostPlace
 from dflash_ops.connect.transport import LocalTransport
 from dflash_ops.settings.deploy_config import TargetFlags, load_config, resolve_target
-from trainer.split_rule import default_target_gpus
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,7 +70,8 @@ def test_gpu_count_is_read_from_the_place_and_split(tmp_path):
     result = dflash(tmp_path, "init", "--model", "/models/Qwen3 8B", env=env)
     assert result.returncode == 0, result.stderr
     config, _ = loaded(tmp_path / "deploy.toml")
-    assert (config.job.gpus, config.job.target_gpus) == (8, 4)
+    # the split is the trainer's to pick once it reads the model (8B: 4 + 4, 27B: 6 + 2)
+    assert (config.job.gpus, config.job.target_gpus) == (8, 0)
     assert config.train == {"model": {"target": "/models/Qwen3 8B"}, "data": {}}  # path to set
     assert "8 × NVIDIA H200" in (tmp_path / "deploy.toml").read_text()
 
@@ -148,13 +148,16 @@ def test_a_driver_that_does_not_answer_is_not_a_count(tmp_path):
 
 
 @given(st.integers(min_value=2, max_value=512))
-def test_split_is_the_trainers_default_and_leaves_a_drafter_gpu(gpus):
-    """`init` writes the split the trainer itself runs with `DFLASH_TARGET_GPUS` unset."""
-    from trainer.distributed import roles_from_env
+def test_the_written_split_leaves_the_trainer_to_pick(tmp_path_factory, gpus):
+    """`target_gpus = 0` sets no DFLASH_TARGET_GPUS: the trainer's shape-based default runs."""
+    from dflash_ops.remote.launch import LaunchPlan, exports
 
-    target = default_target_gpus(gpus)
-    assert 1 <= target <= gpus - 1
-    assert roles_from_env({"WORLD_SIZE": str(gpus), "RANK": "0"}).num_targets == target
+    path = tmp_path_factory.mktemp("split") / "deploy.toml"
+    path.write_text(init.render(init.InitPlan(place="local", gpus=init.GpuInfo(count=gpus))))
+    assert "the trainer picks the split" in path.read_text()
+    config, _ = loaded(path)
+    plan = LaunchPlan.for_job(config.job, release_id="r", python="python3", checkpoints="/c")
+    assert plan.world_size == gpus and "DFLASH_TARGET_GPUS" not in exports(plan)
 
 
 @given(st.integers(min_value=0, max_value=64), st.sampled_from([None, "/m", 'a "q" \\ x']))
@@ -167,7 +170,7 @@ def test_rendered_file_always_loads(tmp_path_factory, gpus, model):
     path.write_text(init.render(plan))
     config, target = loaded(path)
     assert config.job.gpus == gpus and target.ct == 200 and target.port == 2222
-    assert config.job.target_gpus == default_target_gpus(gpus)
+    assert config.job.target_gpus == 0
     if model is not None:
         assert config.train["model"]["target"] == model
 

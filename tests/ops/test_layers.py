@@ -50,7 +50,7 @@ TORCH_FREE = {"trainer.split_rule", "trainer.serving"}
 
 def test_of_the_trainer_only_the_split_rule_and_the_serving_lines() -> None:
     used = set().union(*(imports_of(p, ("trainer",)) for p in modules("dflash_ops").values()))
-    allowed = TORCH_FREE | {"trainer.split_rule.default_target_gpus", "trainer.serving"}
+    allowed = TORCH_FREE | {"trainer.serving"}
     assert used <= allowed | {"trainer"}, used
 
 

@@ -205,7 +205,7 @@ def test_a_cpu_job_on_a_place_with_gpus_is_warned_about(where: GpuPlace) -> None
     assert deployed.returncode == 0, deployed.stderr
     config = where.project / "deploy.toml"
     assert "has 4 GPUs, but [job] gpus = 0: the job trains on the CPU." in deployed.stderr
-    assert f"hint: Set gpus = 4 and target_gpus = 2 under [job] in {config}" in deployed.stderr
+    assert f"hint: Set gpus = 4 under [job] in {config}" in deployed.stderr
     if where.kind == "local":  # the job's python has torch here
         doctor = where.run("doctor", "--no-gpu-smoke", "--json")
         assert doctor.returncode == 0, doctor.stdout
