@@ -10,8 +10,9 @@ unset, and `trainer.plan` marks beside the best split it measured.
 
 Where no model is known (no training config: `roles_from_env` alone) the default is ⌊G/2⌋
 (`default_target_gpus`): the best split when the two roles cost the same per token, the case
-the two are closest to on a Qwen3-8B-shaped target (bench/results/split/). A target whose forward costs several times the drafter's step (a
-Qwen3.6-27B-shaped one, bench/results/seed-size/) wants far more target ranks than that.
+the two are closest to on a Qwen3-8B-shaped target (bench/results/split/). A target whose
+forward costs several times the drafter's step (a Qwen3.6-27B-shaped one,
+bench/results/seed-size/) wants far more target ranks than that.
 """
 
 from __future__ import annotations
