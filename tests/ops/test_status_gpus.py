@@ -200,7 +200,7 @@ def test_other_nodes_ranks_are_not_this_nodes_gpus(tmp_path: Path) -> None:
 def test_a_cpu_job_on_a_place_with_gpus_is_warned_about(where: GpuPlace) -> None:
     """`[job] gpus = 0` (what `init` writes when it cannot count) on a place with four GPUs:
     deploy and doctor say so, with the fix; an empty CUDA_VISIBLE_DEVICES says it is meant."""
-    where.config("sleep 600", env=smi_env(where))
+    where.config("echo up; exec sleep 600", env=smi_env(where))
     deployed = where.run("deploy", *where.flags)
     assert deployed.returncode == 0, deployed.stderr
     config = where.project / "deploy.toml"
@@ -215,6 +215,6 @@ def test_a_cpu_job_on_a_place_with_gpus_is_warned_about(where: GpuPlace) -> None
         human = where.run("doctor", "--no-gpu-smoke")
         assert "! gpu count:" in human.stdout and "1 warning above" in human.stderr
 
-    where.config("sleep 600", env=smi_env(where, CUDA_VISIBLE_DEVICES=""))
+    where.config("echo up; exec sleep 600", env=smi_env(where, CUDA_VISIBLE_DEVICES=""))
     meant = where.run("deploy", *where.flags)
     assert meant.returncode == 0 and "GPUs, but" not in meant.stderr, meant.stderr
