@@ -21,13 +21,13 @@ Backends:
 
 Kernel options (flex only; `kernel_options`): the tile sizes, warps and pipeline stages of the
 forward and backward kernels, picked per device from its shared memory per block. Inductor's
-defaults for head dim 128 need 166,400 B (measured on an H200, `bench/tune_attention.py`), more
-than workstation and consumer GPUs have (~100 KiB); the ``"small"`` preset fits 80 KiB and runs
-about 1.2× slower on an H200. A kernel that still does not fit raises `AttentionKernelsTooLarge`
-naming the setting that fixes it. ``"flash"`` runs the same BlockMask on FlexAttention's CuTe-DSL
-backend (`flash-attn-4`, Hopper and newer): 1.45× faster than the large Triton kernels at the
-seed's shape on an H200, for 0.5 GiB more memory (its fp32 dq accumulator); opt-in, since it
-needs packages the trainer does not install.
+defaults for head dim 128 need more shared memory than workstation and consumer GPUs have; the
+``"small"`` preset fits them, slower on a GPU that could run the large tiles
+(`bench/tune_attention.py`, bench/results/attention/). A kernel that still does not fit raises
+`AttentionKernelsTooLarge` naming the setting that fixes it. ``"flash"`` runs the same BlockMask
+on FlexAttention's CuTe-DSL backend (`flash-attn-4`, Hopper and newer): faster than the large
+Triton kernels at the seed's shape, for a little more memory (its fp32 dq accumulator;
+bench/results/attention-flash/); opt-in, since it needs packages the trainer does not install.
 
 Rows of an invalid block see no key. Both paths return zeros for them (flex does so natively;
 the sdpa path lets them see key 0 and multiplies their output by 0), with zero gradients, so

@@ -29,8 +29,8 @@ class DenseAttentionTooLarge(TrainerError):
     """An attention path would materialise a dense mask or score matrix beyond the budget.
 
     Eager FlexAttention and SDPA with a dense mask both build Q×K-sized tensors; at the drafter's
-    real shapes that is hundreds of GiB (an eager flex_attention call once tried to allocate
-    320 GiB). Refusing up front is cheaper than an out-of-memory error mid-run.
+    real shapes that is hundreds of GiB. Refusing up front is cheaper than an out-of-memory
+    error mid-run.
     """
 
     hint = (
