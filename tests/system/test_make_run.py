@@ -43,7 +43,12 @@ def test_ctrl_c_after_make_run_detaches_without_an_error(tmp_path: Path) -> None
         term.read_until(r"\nup\r?\n", timeout=120)
         time.sleep(0.5)  # following: the next line would come from the job
         term.type("\x03")
-        term.wait(timeout=60)
+        try:
+            term.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # say what was left running, and what it printed
+            tree = subprocess.run(["ps", "-o", "pid,pgid,stat,args", "-g", str(term.process.pid)],
+                                  capture_output=True, text=True).stdout  # fmt: skip
+            pytest.fail(f"make run still running 60 s after Ctrl-C:\n{tree}\n{term.text[-3000:]}")
     finally:
         term.close()
         report = dflash(project, "status", "--json")
