@@ -27,6 +27,12 @@ class ConfigError(DflashError):
     hint = "Fix the named key in the file (see README.md, 'deploy.toml reference')."
 
 
+class SSHClientMissing(ConfigError):
+    """An SSH or Proxmox target needs OpenSSH's `ssh` client here: it reads the configuration."""
+
+    hint = "Install OpenSSH's client (apt-get install openssh-client)."
+
+
 class UnsafeValue(DflashError):
     """A value that would reach a remote command cannot be passed literally."""
 

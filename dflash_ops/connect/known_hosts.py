@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from dflash_ops.connect.ssh_config_parser import match_list
+from dflash_ops.connect.host_patterns import match_list
 from dflash_ops.errors import ConfigError
 
 REVOKED = "@revoked"
@@ -60,7 +60,7 @@ class Entry:
     def matches(self, name: str) -> bool:
         if self.patterns.startswith(_HASH_MAGIC):
             return _hashed_matches(self.patterns, name)
-        return match_list(name, [self.patterns], fold=True)
+        return match_list(name, self.patterns)
 
 
 @dataclass(frozen=True)

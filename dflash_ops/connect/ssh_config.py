@@ -1,22 +1,22 @@
 """Where an SSH connection goes: the destination resolved exactly as OpenSSH resolves it.
 
-Resolution is OpenSSH's own. Where the `ssh` client is installed, `resolve` asks it once
-(`ssh -G [-F file] [-l user] [-p port] [-J jump] host`) and reads host name, user, port,
-identity files, IdentitiesOnly, ProxyJump, ProxyCommand, the known-hosts files, HostKeyAlias,
+Resolution is OpenSSH's own: `resolve` asks the `ssh` client once (`ssh -G [-F file] [-l user]
+[-p port] [-o ProxyJump=…] host`) and reads host name, user, port, identity files,
+IdentitiesOnly, ProxyJump, ProxyCommand, the known-hosts files, HostKeyAlias,
 StrictHostKeyChecking, HashKnownHosts, ConnectTimeout and ServerAliveInterval/ServerAliveCountMax
-(the keepalive that notices a dead peer, `keepalive`) from its answer. Without `ssh`, our own parser
-(`ssh_config_parser`) answers the same questions the same way. Explicit values (flags,
-deploy.toml) are passed as ssh's own flags, so they win as they would on ssh's command line;
-the user defaults to the local account, as ssh's does.
+(the keepalive that notices a dead peer, `keepalive`) from its answer. The client is required
+for an SSH or Proxmox target (`SSHClientMissing` says how to install it; `dflash doctor` checks
+it): nothing here re-implements its reading of ssh_config. Explicit values (flags, deploy.toml)
+are passed as ssh's own flags, so they win as they would on ssh's command line; the user
+defaults to the local account, as ssh's does.
 
 Host and user names are checked before anything reads a config (`ssh_names`): a `Match exec`
 line substitutes them into a shell command.
 
 `~` means $HOME. `ssh` itself takes `~` (and the folder of a relative `Include`) from the
 password database, so when $HOME points elsewhere (a test, a sandbox) ssh would read other files
-than dflash is pointed at: dflash then reads `$HOME/.ssh/config` with its own parser (no
-/etc/ssh/ssh_config, as with `ssh -F`). Forced to ask ssh there (`use_ssh=True`), it passes
-`-F $HOME/.ssh/config` and maps the account home in ssh's answer to $HOME.
+than dflash is pointed at: dflash then passes `-F $HOME/.ssh/config` (no /etc/ssh/ssh_config,
+as with any `-F`) and maps the account home in ssh's answer to $HOME.
 """
 
 from __future__ import annotations
@@ -27,15 +27,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dflash_ops.connect import ssh_config_parser, ssh_names, ssh_tokens
+from dflash_ops.connect import ssh_names, ssh_tokens
 from dflash_ops.connect.keepalive import AliveSettings
 from dflash_ops.connect.shell import quote_argv
-from dflash_ops.errors import ConfigError
+from dflash_ops.errors import ConfigError, SSHClientMissing
 
 DEFAULT_PORT = 22
 SYSTEM_KNOWN_HOSTS = (Path("/etc/ssh/ssh_known_hosts"), Path("/etc/ssh/ssh_known_hosts2"))
 _MAX_JUMPS = 8
 _PATH_KEYS = ("userknownhostsfile", "globalknownhostsfile", "identityfile")
+# What dflash reads of `ssh -G`'s answer.
+KEYS = frozenset({
+    "hostname", "user", "port", "identityfile", "identitiesonly", "proxyjump", "proxycommand",
+    "userknownhostsfile", "globalknownhostsfile", "hostkeyalias", "stricthostkeychecking",
+    "hashknownhosts", "connecttimeout", "serveraliveinterval", "serveralivecountmax",
+})  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,27 +118,45 @@ def _split_jump(spec: str) -> tuple[str | None, str, int | None]:
 
 
 @dataclass(frozen=True)
-class _Files:
-    """Which config files a lookup reads, and the `-F` that makes `ssh -G` read the same."""
+class _Request:
+    """One question for `ssh -G`: the names checked, the explicit values given."""
 
-    files: list[tuple[Path, bool]]  # (path, is the user's file)
-    dash_f: Path | None
+    host: str
+    user: str | None = None
+    port: int | None = None
+    jump: str | None = None
 
 
-def _config_files(config_path: Path | None, home: Path) -> _Files:
+def _dash_f(config_path: Path | None, home: Path) -> Path | None:
+    """The `-F` that makes `ssh -G` read the files dflash is pointed at: the given file; else
+    none when $HOME is the account's home (ssh reads ~/.ssh/config and /etc/ssh/ssh_config as
+    it always does); else $HOME's own config (or /dev/null without one)."""
     if config_path is not None:
-        return _Files([(config_path, True)], config_path)
-    user_file = home / ".ssh" / "config"
+        return config_path
     if home.resolve() == ssh_tokens.account_home().resolve():
-        return _Files([(user_file, True), (ssh_config_parser.SYSTEM_CONFIG, False)], None)
-    return _Files([(user_file, True)], user_file if user_file.is_file() else Path("/dev/null"))
+        return None
+    user_file = home / ".ssh" / "config"
+    return user_file if user_file.is_file() else Path("/dev/null")
 
 
-def _ask_ssh(ssh: str, request: ssh_config_parser.Request, files: _Files) -> dict[str, list[str]]:
+def ssh_client() -> str:
+    """The `ssh` client on PATH; `SSHClientMissing` (with how to install it) without one."""
+    found = shutil.which("ssh")
+    if found is None:
+        raise SSHClientMissing(
+            "The ssh client is not installed on this machine: dflash reads the SSH "
+            "configuration through it (ssh -G).",
+            hint="Install OpenSSH's client: apt-get install openssh-client (Debian, Ubuntu), "
+            "dnf install openssh-clients (Fedora, RHEL), brew install openssh (macOS).",
+        )
+    return found
+
+
+def _ask_ssh(request: _Request, dash_f: Path | None) -> dict[str, list[str]]:
     """One `ssh -G` → {key: values} for the keys we use."""
-    argv = [ssh, "-G"]
-    if files.dash_f is not None:
-        argv += ["-F", str(files.dash_f)]
+    argv = [ssh_client(), "-G"]
+    if dash_f is not None:
+        argv += ["-F", str(dash_f)]
     if request.user is not None:
         argv += ["-l", request.user]
     if request.port is not None:
@@ -152,7 +176,7 @@ def _ask_ssh(ssh: str, request: ssh_config_parser.Request, files: _Files) -> dic
     values: dict[str, list[str]] = {}
     for line in done.stdout.splitlines():
         key, _, value = line.partition(" ")
-        if key in ssh_config_parser.KEYS:
+        if key in KEYS:
             values.setdefault(key, []).append(value)
     for key in ("userknownhostsfile", "globalknownhostsfile"):
         if key in values:
@@ -194,27 +218,15 @@ def lookup(
     port: int | None = None,
     proxy_jump: str | None = None,
     config_path: Path | None = None,
-    use_ssh: bool | None = None,
 ) -> dict[str, list[str]]:
-    """What `ssh -G` says for these settings (asked of ssh, or of our parser without it).
-
-    `use_ssh=None` asks ssh when it is installed; True/False force one path (tests)."""
+    """What `ssh -G` says for these settings, the paths in it under $HOME."""
     host_user, host = ssh_names.split_user_host(host)
     user = user or host_user
     if user is not None:
         ssh_names.check_user(user, where="user")
     home = _home()
-    request = ssh_config_parser.Request(host=host, user=user, port=port, jump=proxy_jump, home=home)
-    files = _config_files(config_path, home)
-    ask = use_ssh
-    if ask is None:  # ssh reads `~` from the password database: ask it only about that home
-        ask = files.dash_f is None or config_path is not None
-    ssh = shutil.which("ssh") if ask else None
-    if use_ssh and ssh is None:
-        raise ConfigError("The ssh client is not installed.")
-    if ssh is not None:
-        return _rehome(_ask_ssh(ssh, request, files), home)
-    return ssh_config_parser.resolve(request, files.files)
+    request = _Request(host=host, user=user, port=port, jump=proxy_jump)
+    return _rehome(_ask_ssh(request, _dash_f(config_path, home)), home)
 
 
 def resolve(
@@ -226,7 +238,6 @@ def resolve(
     known_hosts_files: list[Path] | tuple[Path, ...] | None = None,
     proxy_jump: str | None = None,
     config_path: Path | None = None,
-    use_ssh: bool | None = None,
     _depth: int = 0,
 ) -> SSHTarget:
     """Resolve `host` (an alias or address, optionally `user@host`) into an `SSHTarget`.
@@ -246,7 +257,6 @@ def resolve(
         port=port,
         proxy_jump=proxy_jump,
         config_path=config_path,
-        use_ssh=use_ssh,
     )
     target = _target(host, values)
     if identity_files is not None:
@@ -255,13 +265,11 @@ def resolve(
         target = replace(target, known_hosts_files=tuple(known_hosts_files))
     jump_spec = values.get("proxyjump", [None])[0]
     if jump_spec:
-        target = replace(target, proxy_jump=_resolve_jumps(jump_spec, config_path, use_ssh, _depth))
+        target = replace(target, proxy_jump=_resolve_jumps(jump_spec, config_path, _depth))
     return target
 
 
-def _resolve_jumps(
-    spec: str, config_path: Path | None, use_ssh: bool | None, depth: int
-) -> SSHTarget:
+def _resolve_jumps(spec: str, config_path: Path | None, depth: int) -> SSHTarget:
     """`a,b`: reach a (with its own config), from a reach b, from b the target."""
     jump: SSHTarget | None = None
     for hop in spec.split(","):
@@ -272,7 +280,6 @@ def _resolve_jumps(
             port=hop_port,
             config_path=config_path,
             proxy_jump="none" if jump is not None else None,
-            use_ssh=use_ssh,
             _depth=depth + 1,
         )
         if jump is not None:
@@ -334,9 +341,9 @@ def ssh_command(
     """The OpenSSH client's argv that reaches `target` as dflash does — the same config file
     (`-F` when $HOME is not the account's home), port and user — and runs `remote` there, one
     word quoted for the remote shell. `tty`: with a terminal (`-t`)."""
-    files = _config_files(None, _home())
+    dash_f = _dash_f(None, _home())
     argv = ["ssh", *(["-v"] if verbose else []), *(["-t"] if tty else [])]
-    argv += ["-F", str(files.dash_f)] if files.dash_f is not None else []
+    argv += ["-F", str(dash_f)] if dash_f is not None else []
     return [*argv, "-p", str(target.port), f"{target.user}@{target.alias}", quote_argv(remote)]
 
 

@@ -119,12 +119,7 @@ def test_a_quiet_command_on_a_live_peer_is_never_dropped(
     transport.close()
 
 
-@pytest.mark.parametrize("use_ssh", [None, False])
-def test_the_settings_come_from_ssh_config(
-    ssh_home: SSHHome, monkeypatch: pytest.MonkeyPatch, use_ssh: bool | None
-) -> None:
-    if use_ssh is False:
-        monkeypatch.setenv("PATH", "/nonexistent")  # our own parser
+def test_the_settings_come_from_ssh_config(ssh_home: SSHHome) -> None:
     text = ssh_home.config.read_text()
     ssh_home.config.write_text(
         "Host quick\n    ServerAliveInterval 2\n    ServerAliveCountMax 1\n"

@@ -12,6 +12,7 @@ import pytest
 from dflash_ops.connect.ssh_config import resolve
 from dflash_ops.connect.ssh_tokens import local_user
 from dflash_ops.connect.transport import SSHTransport
+from dflash_ops.errors import SSHClientMissing
 from tests.fixtures.ssh import SSHHome, SSHServer
 
 
@@ -20,14 +21,9 @@ def _append(home: SSHHome, text: str) -> None:
         handle.write(text)
 
 
-@pytest.mark.parametrize("use_ssh", [None, False])
-def test_defaults_of_openssh(
-    ssh_home: SSHHome, sshd: SSHServer, monkeypatch: pytest.MonkeyPatch, use_ssh: bool | None
-) -> None:
+def test_defaults_of_openssh(ssh_home: SSHHome, sshd: SSHServer) -> None:
     """No User, no IdentityFile, no UserKnownHostsFile: the local account, ~/.ssh/id_*, and
     ~/.ssh/known_hosts2 (where the key is) are what ssh would use."""
-    if use_ssh is False:
-        monkeypatch.setenv("PATH", "/nonexistent")
     ssh_dir = ssh_home.home / ".ssh"
     shutil.copy(sshd.client_key, ssh_dir / "id_ed25519")
     (ssh_dir / "known_hosts2").write_text(sshd.known_hosts_lines())
@@ -35,7 +31,9 @@ def test_defaults_of_openssh(
     (ssh_dir / "inc" / "dk.conf").write_text(
         f"Host dk\n    HostName 127.0.0.1\n    Port {sshd.port}\n    IdentitiesOnly yes\n"
     )
-    ssh_home.config.write_text("Include inc/*.conf\n" + ssh_home.config.read_text())
+    # absolute: a relative Include under `ssh -F` is read from the account's ~/.ssh
+    include = f"Include {ssh_dir}/inc/*.conf\n"
+    ssh_home.config.write_text(include + ssh_home.config.read_text())
     target = resolve("dk")
     assert target.user == local_user() == sshd.user
     assert ssh_dir / "id_ed25519" in target.identity_files and target.identities_only
@@ -67,3 +65,12 @@ Host viacmd
     assert transport.run(["echo", "proxied"]).stdout == b"proxied\n"
     transport.close()
     assert marker.exists()  # the command ran (ssh -E wrote its log there)
+
+
+def test_without_the_ssh_client_resolution_says_how_to_install_it(
+    ssh_home: SSHHome, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SSHClientMissing) as info:
+        resolve(ssh_home.alias)
+    assert "ssh -G" in str(info.value) and "apt-get install openssh-client" in info.value.hint

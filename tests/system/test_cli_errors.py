@@ -90,3 +90,21 @@ def test_deploy_without_trainer_or_command(tmp_path: Path) -> None:
 def test_usage_error_is_not_a_traceback(tmp_path: Path) -> None:
     result = dflash(tmp_path, "deploy", "--ct", "abc")
     assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["doctor", "status"])
+def test_without_the_ssh_client_a_remote_target_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """The SSH configuration is read through `ssh -G`: no client, one error with the install."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    monkeypatch.setenv("PATH", str(bare))
+    (tmp_path / "deploy.toml").write_text(
+        '[target]\nplace = "ssh"\nhost = "gpu-box"\n[job]\ncommand = "true"\n[train]\ndemo = true\n'
+    )
+    result = dflash(tmp_path, command)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    said = result.stdout + result.stderr
+    assert "The ssh client is not installed" in said and "openssh-client" in said
