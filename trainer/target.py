@@ -6,6 +6,10 @@ is `hidden_states[i + 1]` of a `transformers` forward with `output_hidden_states
 (`hidden_states[0]` is the embedding output). The last entry of `hidden_states` is the *normed*
 output in current `transformers` versions, so layers are limited to 0 … L−2; the normed last
 hidden state (what the lm_head reads) is taken from `last_hidden_state`.
+
+The selected layers' outputs are kept by forward hooks on those layers, not asked for with
+`output_hidden_states=True`: that keeps every layer's output alive until the forward ends (L + 1
+tensors of S × H; at a long sequence, tens of GiB more than the n layers the drafter reads).
 """
 
 from __future__ import annotations
@@ -54,6 +58,21 @@ class Target:
                 f"{bad} outside 0…{num_layers - 2} for a {num_layers}-layer target",
             )
         self.layers = list(layers)
+        self._kept: dict[int, torch.Tensor] = {}  # the selected layers' outputs of one forward
+        self._keeping = False  # only inside `forward`: another call of the model keeps nothing
+        decoder = getattr(model, model.base_model_prefix).layers
+        for i in self.layers:
+            decoder[i].register_forward_hook(self._keeper(i))
+
+    def _keeper(self, i: int) -> Any:
+        """The hook that keeps layer `i`'s output (a decoder layer returns its hidden state, or
+        a tuple that starts with it)."""
+
+        def keep(module: nn.Module, args: Any, output: Any) -> None:
+            if self._keeping:
+                self._kept[i] = output[0] if isinstance(output, tuple) else output
+
+        return keep
 
     @property
     def hidden_size(self) -> int:
@@ -111,9 +130,11 @@ class Target:
     def forward(self, input_ids: torch.Tensor) -> TargetOutput:
         """`__call__` outside `no_grad`: the function `torch.compile` traces (`TargetWorker`)."""
         base = getattr(self.model, self.model.base_model_prefix)
-        out = base(input_ids=input_ids, output_hidden_states=True, use_cache=False)
-        hs = out.hidden_states
-        features = torch.cat([hs[i + 1] for i in self.layers], dim=-1)  # (Bsz, S, n·H)
+        self._keeping = True
+        out = base(input_ids=input_ids, use_cache=False)
+        self._keeping = False
+        features = torch.cat([self._kept[i] for i in self.layers], dim=-1)  # (Bsz, S, n·H)
+        self._kept.clear()
         return TargetOutput(features=features, last_hidden=out.last_hidden_state)
 
 
