@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -162,6 +163,12 @@ class StreamResult(Iterator[bytes]):
         self.close()
 
 
+# A stream's reader wakes this often while nothing arrives. The terminal's SIGINT goes to one
+# thread of the process, not always the main one, and Python raises KeyboardInterrupt only when
+# the main thread runs again: blocked in a read of a quiet log, it would never see the Ctrl-C.
+WAKE = 0.25
+
+
 def _pipe(stream: IO[bytes] | None) -> io.BufferedReader:
     """One of Popen's pipes as what it is (a buffered reader, whose `read1` returns what has
     arrived rather than waiting for a full chunk)."""
@@ -261,12 +268,17 @@ class LocalTransport:
         if proc is None:
             missing = f"{args[0]}: command not found\n".encode()
             return StreamResult(args, iter(()), lambda: (127, missing), lambda: None)
-        stdout = _pipe(proc.stdout)
+        out = _pipe(proc.stdout).fileno()
         err = Collector(_pipe(proc.stderr).read1, cap=STDERR_CAP, tail=True)
         err.start()
 
         def chunks() -> Iterator[bytes]:
-            while chunk := stdout.read1(CHUNK):
+            while True:
+                if not select.select([out], [], [], WAKE)[0]:
+                    continue  # `WAKE`: a Ctrl-C taken by another thread is raised here
+                chunk = os.read(out, CHUNK)
+                if not chunk:
+                    return
                 yield chunk
 
         def finish() -> tuple[int, bytes]:
@@ -451,6 +463,8 @@ class SSHTransport:
 
         def chunks() -> Iterator[bytes]:
             while True:
+                if not select.select([channel], [], [], WAKE)[0]:
+                    continue  # as for a local stream: a Ctrl-C is seen within WAKE seconds
                 try:
                     chunk = channel.recv(CHUNK)
                 except (OSError, EOFError, paramiko.SSHException) as exc:

@@ -112,3 +112,61 @@ def test_ctrl_c_detaches_and_the_job_keeps_running(tmp_path: Path) -> None:
         assert where.status()["running"]
     finally:
         kill_tmux_server(where.socket)
+
+
+def _tgkill(pid: int, tid: int, sig: int) -> None:
+    """Send `sig` to thread `tid` of process `pid` (tgkill(2): no Python wrapper)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    sys_tgkill = 234 if os.uname().machine == "x86_64" else 131  # aarch64: 131
+    if libc.syscall(sys_tgkill, pid, tid, sig) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+@pytest.mark.parametrize("kind", ["local", "ssh"])
+def test_ctrl_c_taken_by_another_thread_still_detaches(
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str
+) -> None:
+    """The terminal's SIGINT goes to one thread of the follower, not always the main one; on a
+    quiet log the main thread waits for bytes that do not come, and must still see it."""
+    project = tmp_path / "project"
+    project.mkdir()
+    socket = f"dft-{uuid.uuid4().hex[:10]}"
+    if kind == "local":
+        root = project / ".dflash" / "local"
+        where = Where("local", project, [], root, root / "checkpoints", socket)
+    else:
+        request.getfixturevalue("ssh_home")  # HOME with the `testbox` alias
+        where = Where(
+            "ssh", project, ["--target", "box"], tmp_path / "root", tmp_path / "c", socket
+        )
+        where.targets = (
+            f'[targets.box]\nplace = "ssh"\nhost = "testbox"\n'
+            f'root = "{where.root}"\ncheckpoints = "{where.checkpoints}"\n'
+        )
+    where.config("echo started; exec sleep 600")  # then silent
+    try:
+        assert where.run("deploy", *where.flags).returncode == 0
+        follower = start_follow(where) if kind == "local" else None
+        if follower is None:
+            env = dict(os.environ, PYTHONPATH=str(REPO))
+            follower = subprocess.Popen(
+                [sys.executable, "-m", "dflash_ops", "logs", "--follow", *where.flags],
+                cwd=where.project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, preexec_fn=default_sigint,
+            )  # fmt: skip
+        assert follower.stdout is not None
+        assert follower.stdout.readline() == "started\n"  # streaming, now waiting
+        time.sleep(0.5)
+        others = [
+            int(t) for t in os.listdir(f"/proc/{follower.pid}/task") if int(t) != follower.pid
+        ]
+        assert others, "the follower reads stderr in a thread of its own"
+        _tgkill(follower.pid, others[0], signal.SIGINT)
+        out, err = follower.communicate(timeout=20)
+        assert follower.returncode == 130, err
+        assert "job keeps running" in err and "Traceback" not in err
+        assert where.status(*where.flags)["running"]
+    finally:
+        kill_tmux_server(socket)

@@ -64,14 +64,26 @@ class CutPlace:
         return any(self.token.encode() in arg for arg in args)
 
     def jobs(self) -> list[int]:
-        """Pids of this test's job processes (`bash -c COMMAND dflash-command`)."""
-        return processes(lambda args: b"dflash-command" in args and self.mine(args))
+        """Pids of this test's jobs (`bash -c COMMAND dflash-command`): a job's bash forks a
+        child for each `sleep`, which has its parent's argv until it runs `sleep`, so only the
+        matches whose parent is not one count."""
+        found = processes(lambda args: b"dflash-command" in args and self.mine(args))
+        return [pid for pid in found if _parent(pid) not in found]
 
     def scripts(self) -> list[int]:
         """Pids of the place's programs (`site.sh`) still running for this target."""
         names = (b"dflash-deploy", b"dflash-stop")
         return processes(lambda args: any(n in args for n in names) and self.mine(args))
 
+
+
+def _parent(pid: int) -> int | None:
+    """The parent of `pid` (None once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 @pytest.fixture(params=["ssh", "proxmox"])
 def cut_place(
