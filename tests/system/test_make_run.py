@@ -21,6 +21,7 @@ from tests.pty_helpers import Terminal
 BIN = Path(sys.executable).parent  # the venv running the tests: its `dflash` script
 
 
+@pytest.mark.serial  # in an xdist worker make run has hung after the Ctrl-C (not diagnosed)
 @pytest.mark.skipif(not (BIN / "dflash").is_file(), reason="no dflash script beside python")
 def test_ctrl_c_after_make_run_detaches_without_an_error(tmp_path: Path) -> None:
     project = tmp_path / "project"
