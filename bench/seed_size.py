@@ -188,10 +188,11 @@ def orchestrate(args: argparse.Namespace) -> int:
             cap = min(caps[name] if not args.cpu_smoke else args.caps.get(name, 600), left)
             say(f"stage {name}: up to {cap:.0f} s", indent="")
             runs[name] = run_stage(name, args, cap)
-            if name in TRIED_TWICE and runs[name]["ended"].startswith("failed"):
+            again = min(cap, deadline - time.perf_counter())  # within the budget still left
+            if name in TRIED_TWICE and runs[name]["ended"].startswith("failed") and again > 0:
                 first = runs[name]["ended"]
                 say(f"stage {name}: {first}; once more", indent="")
-                runs[name] = run_stage(name, args, cap)
+                runs[name] = run_stage(name, args, again)
                 runs[name]["ended"] += f" (second try; the first {first})"
             say(f"stage {name}: {runs[name]['ended']} after {runs[name]['wall_s']} s", indent="")
         for stray in out.glob("*.tmp"):  # a write cut by the cap: only whole files come back
