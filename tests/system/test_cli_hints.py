@@ -104,7 +104,7 @@ def test_ctrl_c_while_the_command_starts_is_one_line_and_130(tmp_path: Path) -> 
     subprocess.run([sys.executable, "-c", "import dflash_ops"], env=env, check=True)
     bare = time.monotonic() - started  # the interpreter alone, as loaded as this machine is
     interrupted = 0
-    for extra in (0.05, 0.15, 0.3, 0.5):
+    for extra in (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5):
         proc = subprocess.Popen(
             [sys.executable, "-m", "dflash_ops", "status"], cwd=tmp_path, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,

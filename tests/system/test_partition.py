@@ -76,7 +76,6 @@ class CutPlace:
         return processes(lambda args: any(n in args for n in names) and self.mine(args))
 
 
-
 def _parent(pid: int) -> int | None:
     """The parent of `pid` (None once it is gone)."""
     try:
@@ -84,6 +83,7 @@ def _parent(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[1].split()[1])
+
 
 @pytest.fixture(params=["ssh", "proxmox"])
 def cut_place(
