@@ -7,6 +7,7 @@ import fcntl
 import os
 import re
 import select
+import signal
 import struct
 import subprocess
 import termios
@@ -17,9 +18,14 @@ from pathlib import Path
 
 def _controlling_tty() -> None:
     """`preexec_fn`: the pty (stdin) becomes the child's controlling terminal, in a session of
-    its own, so that tmux and the kernel's job control see a terminal as a shell gives one."""
+    its own, so that tmux and the kernel's job control see a terminal as a shell gives one.
+    Ctrl-C and Ctrl-\\ get their default actions back, as a shell gives its foreground jobs: a
+    suite started in the background by a non-interactive shell inherits them ignored, and the
+    typed Ctrl-C would then reach nothing."""
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    for signum in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 class Terminal:
