@@ -34,9 +34,9 @@ repo_on_path()
 
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: E402
 
-from trainer.attention import build_draft_mask, draft_attention, flex_kernels  # noqa: E402
-from trainer.errors import DenseAttentionTooLarge  # noqa: E402
-from trainer.masks import batched_dense_mask  # noqa: E402
+from trainer.base.errors import DenseAttentionTooLarge  # noqa: E402
+from trainer.model.attention import build_draft_mask, draft_attention, flex_kernels  # noqa: E402
+from trainer.model.masks import batched_dense_mask  # noqa: E402
 
 
 @dataclass(frozen=True)

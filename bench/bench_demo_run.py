@@ -6,7 +6,7 @@ each alike.
         --variant "heads4: demo.num_heads=4 demo.num_kv_heads=2" --variant "default:" \\
         [--repeat 3] [--steps 300]
 
-Each run is `python -m trainer.train --config trainer/configs/demo.toml --out W/run` in a fresh
+Each run is `python -m trainer train --config trainer/configs/demo.toml --out W/run` in a fresh
 work folder (the demo target and its data are built first, as on a first `make run`), with the
 variant's `--set KEY=VALUE`s and `run.steps`. Per run: the wall time and the CPU time of the
 process and its children (user + system: less moved by other load than the wall time), and the
@@ -48,7 +48,7 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 def one_run(settings: list[str], steps: int) -> dict[str, Any]:
     """One demo job in a fresh folder: wall and CPU seconds (children included)."""
     with tempfile.TemporaryDirectory(prefix="demo-run-") as work:
-        argv = [sys.executable, "-m", "trainer.train", "--config", str(DEMO)]
+        argv = [sys.executable, "-m", "trainer", "train", "--config", str(DEMO)]
         argv += ["--out", f"{work}/run", "--set", f"run.steps={steps}"]
         for s in settings:
             argv += ["--set", s]

@@ -23,14 +23,14 @@ GPU run, in order:
    (`--target-steps`) on the training files, so that its greedy continuations are code-like
    rather than random, saved with `save_pretrained` (`--reuse-target`: the one a previous run
    saved in `--work`; `eval_target.py`);
-4. training data (`training_samples`, the one function that picks the source): `trainer.generate`
+4. training data (`training_samples`, the one function that picks the source): `trainer.generation.generate`
    (what users run) answers windows of the files kept from the target (`--drafter-prompts
    target-files`: of its training files) with the saved target, once per `--gen-temperatures`
    entry (by default 16 tokens sampled at temperature 1, then the greedy answer: `--gen-sampled-
    prefix`; 0 is greedy from the start; several sets are interleaved), into token shards
    supervised on the answers; or `--train-data`, data made with the same target; then plain
-   `transformers` `generate` against `trainer.decode` on the first `--gen-compare` prompts with
-   the same target and batch size (`generation` in the JSON, beside each `trainer.generate`
+   `transformers` `generate` against `trainer.generation.decode` on the first `--gen-compare` prompts with
+   the same target and batch size (`generation` in the JSON, beside each `trainer.generation.generate`
    run's own rate); `--prepare-only` stops here (`bench/compare_recipes.py` then trains several
    recipes on it);
 5. prompt lookup (n-gram drafting, n = `--lookup-max-n`…1) on the held-out prompts, once (the
@@ -42,9 +42,9 @@ GPU run, in order:
    gives one count for all points or one per point; with `--drafter-steps 0`, as many as fit
    `--drafter-seconds`, from the step time of a short run of the same drafter;
 7. for each data size of `--samples` (a "point"): a drafter trained for those steps on
-   the first N samples with the project's trainer (`trainer.trainer`, its τ probe logging held-out
-   and training-prompt τ), then `trainer.evaluate` on the held-out prompts and on prompts of
-   its training samples, and on the held-out prompts again from the folder `trainer.export`
+   the first N samples with the project's trainer (`trainer.run.trainer`, its τ probe logging held-out
+   and training-prompt τ), then `trainer.evaluation.evaluate` on the held-out prompts and on prompts of
+   its training samples, and on the held-out prompts again from the folder `trainer.export.folder`
    writes (`exported.tau`: the drafter as an engine loads it, in `--export-dtype`); reported per
    point: `held_out.tau`, `exported.tau`, `baselines.prompt_lookup.tau`, `train_prompts.tau`,
    `samples` and `epochs` (samples seen / samples). The largest point's
@@ -85,24 +85,24 @@ from bench.eval_target import (  # noqa: E402
     windows,
 )
 from bench.records import compact_json, write_json  # noqa: E402
-from trainer.config import (  # noqa: E402
-    LossConfig,
-    TrainConfigError,
+from trainer.data.dataset import Sample, load_samples, write_samples  # noqa: E402
+from trainer.data.eval_prompts import prompt_of_sample  # noqa: E402
+from trainer.data.shards import ShardSamples  # noqa: E402
+from trainer.evaluation.drafters import BlockDrafter, DFlashDrafter  # noqa: E402
+from trainer.evaluation.evaluate import load_drafter  # noqa: E402
+from trainer.evaluation.lossless import LosslessViolation  # noqa: E402
+from trainer.evaluation.prompt_lookup import PromptLookupDrafter  # noqa: E402
+from trainer.evaluation.report import evaluate  # noqa: E402
+from trainer.evaluation.speculative import greedy_outputs  # noqa: E402
+from trainer.export.hf_format import DTYPES  # noqa: E402
+from trainer.model.target import Target, load_target  # noqa: E402
+from trainer.run.probe import spread  # noqa: E402
+from trainer.settings.config import LossConfig, TrainConfigError  # noqa: E402
+from trainer.settings.loading import (  # noqa: E402
     add_overrides_option,
     config_from_dict,
     load_config,
 )
-from trainer.data import Sample, load_samples, write_samples  # noqa: E402
-from trainer.drafters import BlockDrafter, DFlashDrafter  # noqa: E402
-from trainer.eval_prompts import prompt_of_sample  # noqa: E402
-from trainer.evaluate import load_drafter  # noqa: E402
-from trainer.hf_format import DTYPES  # noqa: E402
-from trainer.lossless import LosslessViolation  # noqa: E402
-from trainer.probe import spread  # noqa: E402
-from trainer.prompt_lookup import PromptLookupDrafter  # noqa: E402
-from trainer.shards import ShardSamples  # noqa: E402
-from trainer.speculative import evaluate, greedy_outputs  # noqa: E402
-from trainer.target import Target, load_target  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "eval" / "eval.json"
 
@@ -118,10 +118,10 @@ def write_prompts(path: Path, prompts: torch.Tensor) -> None:
 def training_samples(
     args: argparse.Namespace, stream: torch.Tensor | None, device: torch.device
 ) -> tuple[Any, list[dict[str, Any]]]:
-    """(the drafter's training data, one row per `trainer.generate` run: samples, answer tokens,
+    """(the drafter's training data, one row per `trainer.generation.generate` run: samples, answer tokens,
     seconds, tokens/s) — the one place to swap the source. `--train-data` (`stream` None): files
-    or folders `trainer.data.load_samples` reads, made with this benchmark's target
-    (`--reuse-target`); otherwise `trainer.generate` (the command users run) answers random
+    or folders `trainer.data.dataset.load_samples` reads, made with this benchmark's target
+    (`--reuse-target`); otherwise `trainer.generation.generate` (the command users run) answers random
     windows of `stream` (the files of `--drafter-prompts`) with the saved target, once per
     `--gen-temperatures` entry (0: greedy), into token shards. Several sources are interleaved,
     so that the first N samples of every point hold each source in equal parts."""
@@ -152,10 +152,10 @@ def generated(
 ) -> tuple[Any, dict[str, Any]]:
     """The target's answers to `prompts` at `temperature` (0: greedy; with
     `--gen-sampled-prefix N`, only N tokens sampled, then the greedy answer), made by
-    `trainer.generate` into `--work/<generated_name>`, and the run's rate (the whole command:
+    `trainer.generation.generate` into `--work/<generated_name>`, and the run's rate (the whole command:
     model load and start-up included)."""
-    from trainer.generate import main as generate
-    from trainer.shards import MANIFEST
+    from trainer.data.shards import MANIFEST
+    from trainer.generation.generate import main as generate
 
     name = generated_name(temperature, args.gen_sampled_prefix, args.drafter_prompts)
     out = Path(args.work) / name
@@ -172,7 +172,7 @@ def generated(
         ]
     )  # fmt: skip
     if code != 0:
-        raise SystemExit(f"trainer.generate failed with exit code {code}")
+        raise SystemExit(f"trainer.generation.generate failed with exit code {code}")
     seconds = time.perf_counter() - t0
     counts = json.loads((out / MANIFEST).read_text())["counts"]
     row = {"data": name, "samples": counts["samples"], "answer_tokens": counts["answer_tokens"]}
@@ -183,15 +183,15 @@ def generated(
 def generation_speed(
     args: argparse.Namespace, work: Path, device: torch.device, tokenizer: Any
 ) -> dict[str, Any] | None:
-    """Plain `transformers` `generate` against `trainer.decode` (what `trainer.generate` runs)
-    on this run's target as `trainer.generate` loads it (bf16 on a GPU), the first
+    """Plain `transformers` `generate` against `trainer.generation.decode` (what `trainer.generation.generate` runs)
+    on this run's target as `trainer.generation.generate` loads it (bf16 on a GPU), the first
     `--gen-compare` of its prompts, greedy, `--gen-len` new tokens, batches of `--gen-batch`
     (the first batch of each side a warm-up), in the run that makes the data. None when no data
     were generated here or `--gen-compare 0`."""
     if not args.gen_compare or not (work / "generate-prompts.jsonl").is_file():
         return None
     from bench.bench_generate import compare_engines
-    from trainer.decode import end_tokens, length_batches
+    from trainer.generation.decode import end_tokens, length_batches
 
     with (work / "generate-prompts.jsonl").open() as lines:
         first = itertools.islice(lines, args.gen_compare)
@@ -208,7 +208,7 @@ def generation_speed(
     hf, ours = (row["tokens_per_s"] for row in rows)
     log(
         f"generation, batch {args.gen_batch}: transformers generate {hf or 0:,.0f} tok/s, "
-        f"trainer.decode {ours or 0:,.0f} tok/s, {100 * same:.0f} % identical answers"
+        f"trainer.generation.decode {ours or 0:,.0f} tok/s, {100 * same:.0f} % identical answers"
     )
     return {
         "prompts": len(prompts), "timed_prompts": len(prompts) - len(batches[0]),
@@ -343,7 +343,7 @@ def drafter_config(
 
 
 def point_data(work: Path, samples: Sequence[Sample]) -> Path:
-    """Where a point's trainer reads its samples: all of one `trainer.generate` run → its shard
+    """Where a point's trainer reads its samples: all of one `trainer.generation.generate` run → its shard
     folder itself, memory-mapped as a user's run reads it (nothing copied: at hundreds of
     thousands of samples a copy costs minutes and gigabytes); else `work/train-<n>.jsonl`."""
     if isinstance(samples, ShardSamples) and samples.whole:
@@ -362,7 +362,7 @@ def drafter_point(
 ) -> dict[str, Any]:
     """Train a drafter on `samples` for `steps` steps and measure it: held-out τ,
     training-prompt τ, epochs."""
-    from trainer.trainer import Trainer
+    from trainer.run.trainer import Trainer
 
     work = Path(args.work)
     data = point_data(work, samples)
@@ -414,11 +414,11 @@ def drafter_point(
 def exported_tau(
     args: argparse.Namespace, config: Any, run_dir: Path, held: dict[str, Any]
 ) -> dict[str, Any]:
-    """The drafter as an engine gets it: the final checkpoint exported by `trainer.export` in
-    `--export-dtype`, read back from that folder alone (`trainer.hf_format.load_folder`), its τ
+    """The drafter as an engine gets it: the final checkpoint exported by `trainer.export.folder` in
+    `--export-dtype`, read back from that folder alone (`trainer.export.hf_format.load_folder`), its τ
     on the held-out prompts. Beside `held_out` it shows what export and rounding cost."""
-    from trainer.export import export
-    from trainer.hf_format import load_folder, read_config
+    from trainer.export.folder import export
+    from trainer.export.hf_format import load_folder, read_config
 
     out = run_dir.parent / f"{run_dir.name}-export"
     shutil.rmtree(out, ignore_errors=True)  # the previous run's folder: export refuses to overwrite
@@ -459,7 +459,7 @@ def drafter_steps(
     plan = point_plan(args, len(samples))
     if all(plan.values()):
         return plan, None
-    from trainer.trainer import Trainer
+    from trainer.run.trainer import Trainer
 
     work = Path(args.work)
     data = work / "train-calibrate.jsonl"
@@ -555,7 +555,7 @@ def gpu_run(args: argparse.Namespace) -> dict[str, Any]:
         "mode": "smoke" if args.smoke else "gpu",
         "target": target_info,
         "training_data": ", ".join(args.train_data or [])
-        or f"trainer.generate: answers to windows of the {args.drafter_prompts} at temperatures "
+        or f"trainer.generation.generate: answers to windows of the {args.drafter_prompts} at temperatures "
         + ", ".join(f"{t:g}" for t in args.gen_temperatures)
         + (f" (sampled prefix {args.gen_sampled_prefix})" if args.gen_sampled_prefix else ""),
         "recipe": recipe(args),
@@ -604,7 +604,7 @@ def save_partial(args: argparse.Namespace, result: dict[str, Any]) -> None:
 def demo_cpu(args: argparse.Namespace) -> dict[str, Any]:
     """The demo drafter after its default run (trained into `<work>/run` unless its final
     checkpoint is already there), evaluated on held-out and on training prompts."""
-    from trainer.trainer import Trainer, resolve_demo
+    from trainer.run.trainer import Trainer, resolve_demo
 
     run_dir = Path(args.work) / "run"
     config = resolve_demo(load_config(ROOT / "trainer" / "configs" / "demo.toml"), run_dir)
@@ -700,7 +700,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=16,
         metavar="N",
         help="a temperature > 0 samples only the first N answer tokens (then greedy: "
-        "trainer.generate --sampled-prefix)",
+        "trainer.generation.generate --sampled-prefix)",
     )
     p.add_argument(
         "--prepare-only",
@@ -739,13 +739,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--prompt-len", type=int, default=64, help="tokens of each generation and evaluation prompt"
     )
     p.add_argument("--gen-len", type=int, default=192, help="new tokens of each generated answer")
-    p.add_argument("--gen-batch", type=int, default=2048, help="trainer.generate's batch size")
+    p.add_argument(
+        "--gen-batch", type=int, default=2048, help="trainer.generation.generate's batch size"
+    )
     p.add_argument(
         "--gen-compare",
         type=int,
         default=4096,
         metavar="N",
-        help="time plain transformers generate against trainer.decode on the first N prompts, "
+        help="time plain transformers generate against trainer.generation.decode on the first N prompts, "
         "batches of --gen-batch, the first a warm-up (0: skip)",
     )
     p.add_argument("--drafter-layers", type=int, default=4, help="the drafter's layers")

@@ -3,7 +3,7 @@
     python bench/bench_evaluate.py --out evaluate.json          # one GPU, bench_eval's target shape
     python bench/bench_evaluate.py --smoke --out /tmp/e.json    # tiny, CPU
 
-The same `trainer.speculative.evaluate` twice per drafter (a random 4-layer DFlash drafter, and
+The same `trainer.evaluation.report.evaluate` twice per drafter (a random 4-layer DFlash drafter, and
 prompt lookup), lossless check included: `--batch-tokens 1` (one prompt per forward, as the
 evaluator ran before batching) and the default `BATCH_TOKENS`. A random target in fp32 (as
 `bench_eval.py` evaluates) at the shape of `bench_eval.py`'s target, random prompts; the figures
@@ -27,12 +27,13 @@ if str(ROOT) not in sys.path:
 
 from bench.bench_generate import SHAPES  # noqa: E402
 from bench.common import environment, help_parser, markdown, sync, write  # noqa: E402
-from trainer.config import ModelConfig  # noqa: E402
-from trainer.drafters import BlockDrafter, DFlashDrafter  # noqa: E402
-from trainer.model import Drafter, shape_from_target  # noqa: E402
-from trainer.prompt_lookup import PromptLookupDrafter  # noqa: E402
-from trainer.speculative import BATCH_TOKENS, evaluate  # noqa: E402
-from trainer.target import Target, load_target  # noqa: E402
+from trainer.evaluation.drafters import BlockDrafter, DFlashDrafter  # noqa: E402
+from trainer.evaluation.prompt_lookup import PromptLookupDrafter  # noqa: E402
+from trainer.evaluation.report import evaluate  # noqa: E402
+from trainer.evaluation.speculative import BATCH_TOKENS  # noqa: E402
+from trainer.model.drafter import Drafter, shape_from_target  # noqa: E402
+from trainer.model.target import Target, load_target  # noqa: E402
+from trainer.settings.config import ModelConfig  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -49,7 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--batch-tokens",
         type=int,
         default=BATCH_TOKENS,
-        help="the batched run's tokens per forward (trainer.evaluate --batch-tokens)",
+        help="the batched run's tokens per forward (trainer.evaluation.evaluate --batch-tokens)",
     )
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")

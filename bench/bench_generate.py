@@ -1,4 +1,4 @@
-"""Generation throughput: `trainer.decode` (what `trainer.generate` runs) against plain
+"""Generation throughput: `trainer.generation.decode` (what `trainer.generation.generate` runs) against plain
 `transformers` `generate`, same target, same prompts, same batches, same run.
 
     python bench/bench_generate.py --out results/                     # one GPU, a few minutes
@@ -7,7 +7,7 @@
 
 The target is a random Qwen3 at a real shape (default: Qwen3-0.6B's; bf16 on CUDA). Prompts are
 random token windows of varied length (`--min-len`…`--max-len`), grouped into batches of similar
-length as `trainer.generate` does, and each side decodes every batch greedily up to
+length as `trainer.generation.generate` does, and each side decodes every batch greedily up to
 `--max-new-tokens`. `--eos-share` picks an end token id so that some answers end early (a random
 target rarely stops; real answers vary in length, which is where dropping finished rows pays).
 Tokens/s counts answer tokens (up to and including the end token). The first batch of each side
@@ -15,7 +15,7 @@ is an untimed warm-up. Both sides' answers are compared token for token: on a GP
 batch of different shape may round differently, so the share of identical answers is reported
 rather than asserted.
 
-Then the whole `python -m trainer.generate` (prompt JSONL → shards, the model saved and loaded)
+Then the whole `python -m trainer generate` (prompt JSONL → shards, the model saved and loaded)
 runs under torchrun with each `--gpus` process count (default: 1 and every visible GPU): wall
 time including start-up, and the decode rate of the ranks together (their answer tokens over the
 slowest rank's decode time) — how generation scales with GPUs. `--pipeline-prompts` gives these
@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import environment, help_parser, markdown, sync, write  # noqa: E402
-from trainer.decode import decode_batch, length_batches  # noqa: E402
+from trainer.generation.decode import decode_batch, length_batches  # noqa: E402
 
 # a rank's last line: "generated N samples, T answer tokens in H:MM:SS (R tok/s)"
 RATE = re.compile(r"([0-9,]+) answer tokens in [0-9:]+ \(([0-9,.]+) tok/s\)")
@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--pipeline-prompts",
         type=int,
         default=0,
-        help="prompts of the trainer.generate runs (0: --prompts; the first --prompts are shared)",
+        help="prompts of the trainer.generation.generate runs (0: --prompts; the first --prompts are shared)",
     )
     p.add_argument("--batch-size", type=int, default=32, help="prompts decoded at a time")
     p.add_argument("--min-len", type=int, default=64, help="shortest prompt, tokens")
@@ -102,7 +102,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def build_model(shape: str, device: torch.device, seed: int) -> torch.nn.Module:
     from transformers import Qwen3Config
 
-    from trainer.target import load_target
+    from trainer.model.target import load_target
 
     cfg = Qwen3Config(**SHAPES[shape], max_position_embeddings=8192, tie_word_embeddings=False)
     return load_target(cfg, device=device, seed=seed).model
@@ -127,7 +127,7 @@ def pick_eos(model: torch.nn.Module, prompts: list[list[int]], args: argparse.Na
 
 
 def decode_ours(model, rows, args, eos, device) -> list[list[int]]:  # type: ignore[no-untyped-def]
-    """`trainer.decode`, as `trainer.generate` calls it."""
+    """`trainer.generation.decode`, as `trainer.generation.generate` calls it."""
     return decode_batch(model, rows, max_new_tokens=args.max_new_tokens, eos_ids={eos}, pad_id=0)
 
 
@@ -170,7 +170,7 @@ def process_counts(args: argparse.Namespace, device: torch.device) -> list[int]:
 def pipeline_rows(  # type: ignore[no-untyped-def]
     model, prompts, args, eos, device
 ) -> list[dict[str, Any]]:
-    """The whole `trainer.generate` (prompt file → shards) under torchrun with each process
+    """The whole `trainer.generation.generate` (prompt file → shards) under torchrun with each process
     count: wall time from start to manifest (model loading included) and the decode rate the
     ranks log (summed)."""
     counts = process_counts(args, device)
@@ -198,7 +198,7 @@ def _pipeline_row(
     # rounding); several: a few shards per rank
     shard = prompts if processes == 1 else max(args.batch_size, prompts // (4 * processes))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(processes), "-m", "trainer.generate",
+               "--nproc-per-node", str(processes), "-m", "trainer", "generate",
                "--config", str(folder / "gen.toml"), "--prompts", str(folder / "prompts.jsonl"),
                "--out", str(out), "--batch-size", str(args.batch_size),
                "--max-new-tokens", str(args.max_new_tokens), "--shard-size", str(shard),
@@ -212,7 +212,7 @@ def _pipeline_row(
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(
-            f"trainer.generate failed with {processes} processes:\n{done.stderr[-3000:]}"
+            f"trainer.generation.generate failed with {processes} processes:\n{done.stderr[-3000:]}"
         )
     counts = json.loads((out / "manifest.json").read_text())["counts"]
     ranks = [(int(n.replace(",", "")), float(r.replace(",", ""))) for n, r in RATE.findall(
@@ -239,12 +239,15 @@ def compare_engines(  # type: ignore[no-untyped-def]
     model, prompts: list[list[int]], batches: list[list[int]], args, eos: int, device
 ) -> tuple[list[dict[str, Any]], float, list[list[int]]]:
     """(a row per engine: answer tokens, seconds, tokens/s; the share of identical answers;
-    `trainer.decode`'s answers): plain `generate`, then `trainer.decode`, on the same batches,
+    `trainer.generation.decode`'s answers): plain `generate`, then `trainer.generation.decode`, on the same batches,
     the first batch of each an untimed warm-up."""
     timed = [i for b in batches[1:] for i in b]
     rows: list[dict[str, Any]] = []
     answers = []
-    for name, decode in (("transformers generate", decode_hf), ("trainer.decode", decode_ours)):
+    for name, decode in (
+        ("transformers generate", decode_hf),
+        ("trainer.generation.decode", decode_ours),
+    ):
         got, seconds = run_timed(decode, model, prompts, batches, args, eos, device)
         tokens = sum(len(got[i]) for i in timed)
         answers.append(got)
@@ -271,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         "identical_answers": same,
         "eos_token": eos,
         "ended_early": sum(len(a) < args.max_new_tokens for a in ours),
-        # what trainer.generate keeps (answers of ≥ 2 tokens), the warm-up batch included
+        # what trainer.generation.generate keeps (answers of ≥ 2 tokens), the warm-up batch included
         "answer_tokens_kept": sum(len(a) for a in ours if len(a) >= 2),
     }
     print(f"generation, {args.shape}, batch {args.batch_size}, {args.prompts} prompts "

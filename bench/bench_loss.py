@@ -34,7 +34,7 @@ from common import (
 
 repo_on_path()
 
-from trainer.loss import IGNORE_INDEX, dflash_loss  # noqa: E402
+from trainer.loss.dflash_loss import IGNORE_INDEX, dflash_loss  # noqa: E402
 
 UNIFORM = 1e12  # γ so large that every slot weighs 1: plain mean CE over supervised rows
 GAMMA, KL_WEIGHT = 7.0, 0.15

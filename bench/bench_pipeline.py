@@ -4,11 +4,11 @@
     python bench/bench_pipeline.py --smoke --out smoke.json      # CPU, tiny shapes, gloo
     python bench/bench_pipeline.py --attention-kernels flash --out flash.json  # CuTe-DSL attention
 
-1. each role alone (`trainer.plan.measure_rates`): the target forward on GPU 0 → r_target, the
+1. each role alone (`trainer.commands.plan.measure_rates`): the target forward on GPU 0 → r_target, the
    drafter training step on GPU 1 → r_drafter (tokens/s), and the `plan` prediction for 1 + 1:
    min(r_target, r_drafter);
 2. one GPU colocated: target forward then drafter step on GPU 1, tokens/s;
-3. the split run (`trainer.split.run_split`, two spawned processes, NCCL p2p) → measured tokens/s
+3. the split run (`trainer.split.session.run_split`, two spawned processes, NCCL p2p) → measured tokens/s
    from its metrics rows after the warm-up steps; pipeline efficiency = measured ÷
    min(T·r_target, D·r_drafter);
 4. the drafter's model-FLOP utilisation: the model FLOPs of the timed steps' batches (below)
@@ -118,7 +118,7 @@ def target_config(spec: dict):
 
 def write_data(path: Path, spec: dict) -> None:
     """Random token sequences of exactly seq_len; the first 1/32 unsupervised (a prompt)."""
-    from trainer.data import Sample, write_samples
+    from trainer.data.dataset import Sample, write_samples
 
     gen = torch.Generator().manual_seed(0)
     n, v = spec["seq_len"], spec["target"]["vocab_size"]
@@ -134,7 +134,7 @@ def write_data(path: Path, spec: dict) -> None:
 
 
 def train_config(spec: dict, data: Path, *, device: str, steps: int):
-    from trainer.config import config_from_dict
+    from trainer.settings.loading import config_from_dict
 
     return config_from_dict(
         {
@@ -166,10 +166,10 @@ def train_config(spec: dict, data: Path, *, device: str, steps: int):
 
 
 def make_loader(spec: dict):
-    """A `trainer.split` target loader building the random target in memory on the device."""
+    """A `trainer.split.session` target loader building the random target in memory on the device."""
 
     def loader(config, device):
-        from trainer.target import load_target
+        from trainer.model.target import load_target
 
         return load_target(target_config(spec), device=device, num_layers=spec["features"], seed=0)
 
@@ -188,8 +188,8 @@ def split_worker(
         MASTER_PORT=str(port),
         DFLASH_TARGET_GPUS="1",
     )
-    from trainer.distributed import roles_from_env
-    from trainer.split import run_split
+    from trainer.split.roles import roles_from_env
+    from trainer.split.session import run_split
 
     cfg = train_config(spec, Path(data), device=device, steps=spec["split_steps"])
     run_split(cfg, out, roles_from_env(), target_loader=make_loader(spec), save_checkpoints=False)
@@ -216,7 +216,7 @@ def measured_rate(rows: list[dict], warmup: int) -> float:
 
 
 def drafter_model_flops(spec: dict, batch) -> float:
-    """Model FLOPs of one drafter train step on `batch` (a `trainer.data.Batch`;
+    """Model FLOPs of one drafter train step on `batch` (a `trainer.data.dataset.Batch`;
     `bench.flops.drafter_step_flops`): the drafter shaped as the benchmark's target, KL on."""
     from types import SimpleNamespace
 
@@ -243,7 +243,7 @@ def drafter_model_flops(spec: dict, batch) -> float:
 def stream_batches(spec: dict, data: Path, count: int) -> list:
     """The first `count` batches of the benchmark's stream (seed 0): the ones every role trains
     on, in order."""
-    from trainer.data import BatchStream, load_samples
+    from trainer.data.dataset import BatchStream, load_samples
 
     cfg = train_config(spec, data, device="cpu", steps=1)
     stream = BatchStream(load_samples(data), cfg.data, block_size=spec["block_size"], seed=0)
@@ -261,7 +261,7 @@ def mask_density(spec: dict, data: Path, device: torch.device) -> float:
     """Non-empty tile share of the BlockMask of a real batch (1.0 on the CPU path)."""
     if device.type != "cuda":
         return 1.0
-    from trainer.attention import build_draft_mask
+    from trainer.model.attention import build_draft_mask
 
     batch = stream_batches(spec, data, 1)[0].to(device)
     mask = build_draft_mask(batch.anchors, batch.valid, spec["seq_len"], spec["block_size"])
@@ -269,8 +269,9 @@ def mask_density(spec: dict, data: Path, device: torch.device) -> float:
 
 
 def colocated_rate(config, target, device: torch.device, *, warmup: int, timed: int) -> float:
-    from trainer.data import BatchStream, load_samples
-    from trainer.pipeline import DrafterWorker, TargetWorker
+    from trainer.data.dataset import BatchStream, load_samples
+    from trainer.run.pipeline import DrafterWorker
+    from trainer.run.target_worker import TargetWorker
 
     stream = BatchStream(
         load_samples(config.data.path), config.data, block_size=config.model.block_size, seed=0
@@ -309,8 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dev_name = "cpu" if args.smoke else "cuda"
     t0 = time.perf_counter()
-    from trainer.plan import measure_rates, predict
-    from trainer.target import load_target
+    from trainer.commands.plan import measure_rates, predict
+    from trainer.model.target import load_target
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -4,7 +4,7 @@
     python bench/bench_train_loop.py --profile-steps 10         # and where those steps' time goes
     python bench/bench_train_loop.py --smoke --out /tmp/l.json  # tiny, on the CPU
 
-The loop a user runs (`trainer.trainer.Trainer`: batches drawn on the host, the target's
+The loop a user runs (`trainer.run.trainer.Trainer`: batches drawn on the host, the target's
 features, the drafter's step, the log), not the drafter step alone (`profile_drafter.py`): at a
 small drafter the host's share (drawing batches, launching kernels) decides the rate. The
 target is a random Qwen3 of `bench_eval.py`'s recipe (8 × 768, vocabulary 8,192), the data
@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch
 
 from bench.common import environment, help_parser, sync, write
-from trainer.config import add_overrides_option
+from trainer.settings.loading import add_overrides_option
 
 FULL = {"hidden": 768, "layers": 8, "vocab": 8192, "batch": 128, "anchors": 64, "samples": 8192}
 SMOKE = {"hidden": 64, "layers": 4, "vocab": 512, "batch": 4, "anchors": 8, "samples": 64}
@@ -51,7 +51,7 @@ def write_target(folder: Path, spec: dict[str, int]) -> None:
 
 
 def write_data(path: Path, spec: dict[str, int]) -> None:
-    from trainer.data import Sample, write_samples
+    from trainer.data.dataset import Sample, write_samples
 
     rng = random.Random(0)
     samples = []
@@ -70,7 +70,7 @@ def loop_config(
     profile: int,
     overrides: Sequence[str] = (),
 ) -> Any:
-    from trainer.config import config_from_dict
+    from trainer.settings.loading import config_from_dict
 
     return config_from_dict(
         {
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.smoke and not torch.cuda.is_available():
         print("needs a CUDA GPU (use --smoke for a CPU check)", file=sys.stderr)
         return 2
-    from trainer.trainer import Trainer
+    from trainer.run.trainer import Trainer
 
     spec = SMOKE if args.smoke else FULL
     device = torch.device("cpu" if args.smoke else "cuda")

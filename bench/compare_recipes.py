@@ -16,7 +16,7 @@ order, one after another, so that a machine taken back midway keeps the recipes 
 `{work}` in a recipe is `--work`. The τ figures do not depend on the sharing; the step times and
 the training seconds do. `<out>/summary.md` holds a row per recipe and point, then each recipe's
 held-out τ against the first recipe's with a paired interval over the same prompts
-(`trainer.tau_bootstrap`).
+(`trainer.evaluation.tau_bootstrap`).
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def summary(results: dict[str, dict[str, Any] | None]) -> list[str]:
 
 def paid_for(report: dict) -> str:
     """`1.61× (drafts 0.61)`: the speed-up with every draft counted at its cost
-    (`trainer.draft_cost`); reports written before it was counted lack it."""
+    (`trainer.evaluation.draft_cost`); reports written before it was counted lack it."""
     net, cost = report.get("net_speedup"), report.get("draft_cost")
     return "—" if net is None or cost is None else f"{net:.2f}× (drafts {cost:.2f})"
 
@@ -167,9 +167,9 @@ def with_interval(report: dict) -> str:
 def paired(results: dict[str, dict[str, Any] | None]) -> list[str]:
     """Each recipe's held-out τ against the first one's (of those with a result), point by
     point, with the 95 % paired bootstrap interval over the same prompts
-    (`trainer.tau_bootstrap`): a difference whose interval excludes 0 is one these prompts can
+    (`trainer.evaluation.tau_bootstrap`): a difference whose interval excludes 0 is one these prompts can
     tell."""
-    from trainer.tau_bootstrap import tau_difference
+    from trainer.evaluation.tau_bootstrap import tau_difference
 
     names = [n for n, r in results.items() if r is not None]
     found = {n: r for n, r in results.items() if r is not None and r.get("points")}

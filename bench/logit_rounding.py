@@ -1,5 +1,5 @@
 """How far rounding moves a target's logits between forward lengths: the scale behind the lossless
-check's tie tolerance (`trainer/lossless.py`).
+check's tie tolerance (`trainer/evaluation/lossless.py`).
 
     python bench/logit_rounding.py                 # CPU: random Qwen3s of 4 and 16 layers
     python bench/logit_rounding.py --device cuda   # the same on a GPU (its own kernels round)
@@ -23,8 +23,8 @@ if str(ROOT) not in sys.path:
 
 from bench.common import help_parser  # noqa: E402
 from bench.eval_target import target_config  # noqa: E402
-from trainer.lossless import HALF_RTOL, TIE_RTOL  # noqa: E402
-from trainer.target import Target  # noqa: E402
+from trainer.evaluation.lossless import HALF_RTOL, TIE_RTOL  # noqa: E402
+from trainer.model.target import Target  # noqa: E402
 
 
 def random_target(layers: int, dtype: torch.dtype, device: str) -> Target:

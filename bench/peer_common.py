@@ -57,7 +57,7 @@ class Settings:
     @property
     def gamma(self) -> float:
         """The slot decay both losses use: ours' default for this block size."""
-        from trainer.config import LossConfig
+        from trainer.settings.config import LossConfig
 
         return LossConfig().resolved_gamma(self.block_size)
 
@@ -98,7 +98,7 @@ def read_stage(settings: Settings, name: str) -> dict[str, Any] | None:
 
 
 def training_data(settings: Settings) -> Path:
-    """The answers `bench_eval.py --prepare-only` generated (its first `trainer.generate` run)."""
+    """The answers `bench_eval.py --prepare-only` generated (its first `trainer.generation.generate` run)."""
     prepared = json.loads((settings.root / "prepare.json").read_text())
     return settings.root / prepared["generation"]["trainer_generate"][0]["data"]
 
@@ -154,8 +154,8 @@ def data_figures(settings: Settings, samples: Any, shape: Any) -> dict[str, floa
     trainers draw up to `anchors` blocks a sequence among the same candidates, so the work per
     sample is the same in expectation."""
     from bench.flops import drafter_step_flops
-    from trainer.config import DataConfig
-    from trainer.data import BatchStream
+    from trainer.data.dataset import BatchStream
+    from trainer.settings.config import DataConfig
 
     lengths = [len(s.input_ids) for s in samples]
     data = DataConfig(

@@ -1,10 +1,10 @@
 """Held-out τ of both trained drafters, read from their exported folders, in two ways:
 
-- `evaluate`: this project's evaluator (`trainer.speculative.evaluate`, as `bench_eval.py`
+- `evaluate`: this project's evaluator (`trainer.evaluation.report.evaluate`, as `bench_eval.py`
   measures its drafters: the fp32 target, greedy, the lossless check against the target's own
-  greedy output), each folder loaded by `trainer.hf_format.load_folder` (SpecForge's exported
+  greedy output), each folder loaded by `trainer.export.hf_format.load_folder` (SpecForge's exported
   folder loads into ours as it is); prompt lookup beside them on the same prompts; paired
-  95 % intervals over the same prompts (`trainer.tau_bootstrap`);
+  95 % intervals over the same prompts (`trainer.evaluation.tau_bootstrap`);
 - `reference`: the DFlash authors' decoding loop (`dflash_generate` of z-lab/dflash's
   `dflash/model.py`, with its own `DFlashDraftModel` loaded from each folder and the target as
   a plain `transformers` model): an independent implementation of drafting and verifying,
@@ -49,7 +49,7 @@ def held_out_prompts(settings: Settings) -> list[list[int]]:
 
 def paired(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
     """τ_a − τ_b with its paired 95 % interval over the same prompts."""
-    from trainer.tau_bootstrap import tau_difference
+    from trainer.evaluation.tau_bootstrap import tau_difference
 
     if not a or not b or len(a["prompt_counts"]) != len(b["prompt_counts"]):
         return None
@@ -62,9 +62,9 @@ def paired(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any]
 
 def evaluate(settings: Settings) -> dict[str, Any]:
     from bench.bench_eval import lookup_baseline, measure, trained_block
-    from trainer.hf_format import load_folder, read_config
-    from trainer.speculative import greedy_outputs
-    from trainer.target import load_target
+    from trainer.evaluation.speculative import greedy_outputs
+    from trainer.export.hf_format import load_folder, read_config
+    from trainer.model.target import load_target
 
     device = torch.device(settings.device)
     target = load_target(settings.root / "target", layers=target_layers(settings))
@@ -200,7 +200,7 @@ def reference_result(
     expected: list[list[int]] | None,
 ) -> dict[str, Any]:
     """τ of each drafter over the prompts decoded so far, and their paired difference."""
-    from trainer.tau_bootstrap import tau_interval
+    from trainer.evaluation.tau_bootstrap import tau_interval
 
     done = len(next(iter(counts.values()), []))
     rows = {

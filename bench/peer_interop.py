@@ -1,6 +1,6 @@
 """Does a drafter folder mean the same to SpecForge's `DFlashDraftModel` as to ours?
 
-`check(folder, target, …)` loads the folder twice: into ours (`trainer.hf_format.load_folder`)
+`check(folder, target, …)` loads the folder twice: into ours (`trainer.export.hf_format.load_folder`)
 and into SpecForge's class (built from the folder's `config.json`, the tensors loaded with
 `strict=True`), compares the tensor names key for key, then the block logits of both on the
 same context and anchors: ours' `Drafter.forward`; SpecForge's model forward with the block
@@ -46,7 +46,7 @@ def check(
         create_dflash_sdpa_mask,
     )
 
-    from trainer.hf_format import load_folder
+    from trainer.export.hf_format import load_folder
 
     device = target.device
     saved = set(load_file(str(folder / "model.safetensors")))
@@ -108,8 +108,8 @@ def on_training_data(folders: dict[str, Path], settings: Any) -> dict[str, Any]:
     """`check` for each folder on the first training sample (its first supervised positions as
     anchors), with the comparison's target on its device."""
     from bench.peer_recipe import target_layers, usable_samples
-    from trainer.data import anchor_candidates
-    from trainer.target import load_target
+    from trainer.data.dataset import anchor_candidates
+    from trainer.model.target import load_target
 
     device = torch.device(settings.device)
     target = load_target(settings.root / "target", device=device, layers=target_layers(settings))

@@ -85,7 +85,7 @@ def drafter_step(settings: Settings) -> dict[str, Any]:
     from bench.bench_pipeline import train_config
     from bench.peer_ours import memory_mark, shape_row, step_figures, step_inputs, timed_steps
     from bench.peer_recipe import architecture
-    from trainer.model import shape_from_target
+    from trainer.model.drafter import shape_from_target
 
     device = torch.device(settings.device)
     inputs = step_inputs(settings)
@@ -123,7 +123,7 @@ def _backend(device: torch.device) -> str:
 
 
 def _gamma(block_size: int) -> float:
-    from trainer.config import LossConfig
+    from trainer.settings.config import LossConfig
 
     return LossConfig().resolved_gamma(block_size)
 
@@ -162,9 +162,9 @@ def train(settings: Settings, why: str) -> dict[str, Any]:
     (as ours' own run computes them), windows of `log_every` steps timed; then its
     `save_pretrained` folder (what its exporter writes)."""
     from bench.peer_recipe import draft_config, dtype, ours_config, target_layers, usable_samples
-    from trainer.data import BatchStream
-    from trainer.pipeline import TargetWorker
-    from trainer.target import load_target
+    from trainer.data.dataset import BatchStream
+    from trainer.model.target import load_target
+    from trainer.run.target_worker import TargetWorker
 
     device, weights = torch.device(settings.device), dtype(settings)
     config = ours_config(settings)

@@ -29,9 +29,9 @@ def metric_windows(rows: list[dict[str, Any]], started: float) -> list[tuple[int
 
 def train(settings: Settings) -> dict[str, Any]:
     """Train, time (its metrics rows), read the peak, export."""
-    from trainer.export import export
-    from trainer.metrics import METRICS
-    from trainer.trainer import Trainer
+    from trainer.export.folder import export
+    from trainer.run.metrics import METRICS
+    from trainer.run.trainer import Trainer
 
     device = torch.device(settings.device)
     run_dir = settings.root / "ours" / "run"
@@ -72,9 +72,9 @@ def step_inputs(settings: Settings) -> dict[str, Any]:
     from pathlib import Path
 
     from bench.bench_pipeline import FULL, SMOKE, stream_batches, target_config, write_data
-    from trainer.data import load_samples
-    from trainer.pipeline import TargetWorker
-    from trainer.target import load_target
+    from trainer.data.dataset import load_samples
+    from trainer.model.target import load_target
+    from trainer.run.target_worker import TargetWorker
 
     spec: dict[str, Any] = dict(SMOKE if settings.smoke else FULL)
     device = torch.device(settings.device)
@@ -143,12 +143,12 @@ def step_figures(
 
 
 def drafter_step(settings: Settings) -> dict[str, Any]:
-    """Ours' `DrafterWorker.train_step` on the precomputed features (as `trainer.plan` times
+    """Ours' `DrafterWorker.train_step` on the precomputed features (as `trainer.commands.plan` times
     the drafter alone), with `bench_pipeline`'s recipe at that shape."""
     from pathlib import Path
 
     from bench.bench_pipeline import train_config
-    from trainer.pipeline import DrafterWorker
+    from trainer.run.pipeline import DrafterWorker
 
     device = torch.device(settings.device)
     inputs = step_inputs(settings)

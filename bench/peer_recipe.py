@@ -42,7 +42,7 @@ def target_layers(settings: Settings) -> list[int]:
     """The target layers ours reads (its default for this target): SpecForge reads the same."""
     from transformers import AutoConfig
 
-    from trainer.target import default_target_layers
+    from trainer.model.target import default_target_layers
 
     model = ours_config(settings).model
     if model.target_layers:
@@ -52,10 +52,10 @@ def target_layers(settings: Settings) -> list[int]:
 
 
 def drafter_shape(settings: Settings) -> Any:
-    """The drafter both trainers train here (`trainer.model.DrafterShape`)."""
+    """The drafter both trainers train here (`trainer.model.drafter.DrafterShape`)."""
     from transformers import AutoConfig
 
-    from trainer.model import shape_from_target
+    from trainer.model.drafter import shape_from_target
 
     tcfg = AutoConfig.from_pretrained(str(settings.root / "target"), local_files_only=True)
     model = ours_config(settings).model
@@ -72,12 +72,12 @@ def draft_config(settings: Settings) -> dict[str, Any]:
 
 
 def architecture(target_config: Any, model: Any, layers: list[int], weights: torch.dtype) -> dict:
-    """The drafter's `config.json` as ours' exporter writes it (`trainer.hf_format.hf_config`
+    """The drafter's `config.json` as ours' exporter writes it (`trainer.export.hf_format.hf_config`
     for a target config and ours' `model.*` settings), without ours' provenance key:
     SpecForge builds its `DFlashDraftModel` from it."""
-    from trainer.fidelity import decoder_config
-    from trainer.hf_format import hf_config
-    from trainer.model import shape_from_target
+    from trainer.export.hf_format import hf_config
+    from trainer.model.drafter import shape_from_target
+    from trainer.model.fidelity import decoder_config
 
     tcfg = decoder_config(target_config)
     shape = shape_from_target(tcfg, model, num_features=len(layers))
@@ -138,7 +138,7 @@ def specforge_run(
 def usable_samples(settings: Settings) -> list[Any]:
     """The training samples both trainers can use (two consecutive supervised tokens: where
     either may start a block), in the order they were generated."""
-    from trainer.data import anchor_candidates, load_samples
+    from trainer.data.dataset import anchor_candidates, load_samples
 
     samples = load_samples(training_data(settings), max_len=settings.max_len)
     return [s for s in samples if anchor_candidates(s.loss_mask).numel()]

@@ -70,7 +70,7 @@ def folder(settings: Settings) -> Path:
 
 def capture(settings: Settings) -> dict[str, Any]:
     """The training samples' features from the target, one SpecForge feature file a sample."""
-    from trainer.target import load_target
+    from trainer.model.target import load_target
 
     device = torch.device(settings.device)
     out = folder(settings) / "features"

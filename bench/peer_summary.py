@@ -199,7 +199,10 @@ def _ratios(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float | N
 def _difference(row: dict[str, Any] | None) -> dict[str, Any]:
     if not row:
         return {"value": None, "interval": None, "prompts": None}
-    return {**row, "evaluator": "trainer.speculative.evaluate (ours − SpecForge, paired 95 %)"}
+    return {
+        **row,
+        "evaluator": "trainer.evaluation.report.evaluate (ours − SpecForge, paired 95 %)",
+    }
 
 
 def _lookup(row: dict[str, Any] | None) -> dict[str, Any] | None:

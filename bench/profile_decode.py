@@ -1,4 +1,4 @@
-"""Where a decode step of `trainer.decode` spends its time, and tokens/s by batch size.
+"""Where a decode step of `trainer.generation.decode` spends its time, and tokens/s by batch size.
 
     python bench/profile_decode.py --out DIR/                 # one GPU, about a minute
     python bench/profile_decode.py --smoke --out /tmp/p.json  # tiny, on the CPU
@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 
 from bench.bench_generate import build_model  # noqa: E402
 from bench.common import environment, help_parser, markdown, sync, write  # noqa: E402
-from trainer.decode import ENGINES, decode_batch  # noqa: E402
+from trainer.generation.decode import ENGINES, decode_batch  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -39,7 +39,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--batch-sizes", default="512,2048", help="batch sizes, comma-separated")
     p.add_argument(
-        "--engines", default=",".join(ENGINES), help="trainer.decode engines, comma-separated"
+        "--engines",
+        default=",".join(ENGINES),
+        help="trainer.generation.decode engines, comma-separated",
     )
     p.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per answer")

@@ -42,8 +42,8 @@ from bench.bench_pipeline import (
 )
 from bench.common import help_parser
 from bench.records import write_json
-from trainer.config import ATTENTION_KERNELS
-from trainer.profiling import by_kind, kernel_times
+from trainer.run.profiling import by_kind, kernel_times
+from trainer.settings.config import ATTENTION_KERNELS
 
 
 def _seconds_per_step(worker, features: list, steps: range, device: torch.device) -> float:
@@ -81,9 +81,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from torch._dynamo.utils import counters
 
-    from trainer.config import with_overrides
-    from trainer.pipeline import DrafterWorker, TargetWorker
-    from trainer.target import load_target
+    from trainer.model.target import load_target
+    from trainer.run.pipeline import DrafterWorker
+    from trainer.run.target_worker import TargetWorker
+    from trainer.settings.loading import with_overrides
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data.jsonl"

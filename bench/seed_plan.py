@@ -1,5 +1,5 @@
 """`bench/seed_size.py`'s summary: the figures of its stages in one place, and the node plan
-they give (`trainer.plan`, the arithmetic `dflash plan` prints) with the memory of a rank of
+they give (`trainer.commands.plan`, the arithmetic `dflash plan` prints) with the memory of a rank of
 each role, beside the seed's own measured rates.
 
 The plan's rates: r_target from the target's feature forward with the kernels at the longest
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.plan import Rates, format_report, predict, report
+from trainer.commands.plan import Rates, format_report, predict, report
 
 SEED_RATES = {"6+2": 13_500.0, "5+3": 21_500.0}  # the seed's tokens/s on 8 GPUs, 6 + 2 and 5 + 3
 NODES = (8, 4, 2)
@@ -150,8 +150,8 @@ def _name(split: dict[str, Any]) -> str:
 
 def plan_for_gpus(stages: dict[str, dict[str, Any] | None], gpus: int) -> tuple[int, float | None]:
     """(target ranks, predicted tokens/s) of the best split of `gpus` at the measured rates;
-    half the GPUs for the target (`trainer.split_rule`) while a rate is missing."""
-    from trainer.split_rule import default_target_gpus
+    half the GPUs for the target (`trainer.split.split_rule`) while a rate is missing."""
+    from trainer.split.split_rule import default_target_gpus
 
     rates = rates_of(summary_fields(stages, {}, max_in_flight=0))
     if rates is None:

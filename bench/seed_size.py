@@ -6,11 +6,11 @@ and the DFlash drafter published for it, through the trainer's own code, in one 
 
 Stages, the most important first, each in a process of its own under a time cap (a stage cut
 short keeps the figures it has written), all within --budget-s (--stages picks some):
-1. `target`: the feature forward as a target rank runs it (`trainer.target.load_target` on a
+1. `target`: the feature forward as a target rank runs it (`trainer.model.target.load_target` on a
    config built in memory, random bf16 weights made on the GPU; `TargetWorker.for_run(…).
    produce`) at 4,096 / 16,384 / 49,152 tokens with the kernels transformers finds (fla's
    Triton gated delta rule with `dflash[kernels]`): tokens/s, MFU (`bench/flops.py`), peak
-   memory, what ran each linear-attention operation (`trainer.linear_attention`); then the
+   memory, what ran each linear-attention operation (`trainer.model.linear_attention`); then the
    causal conv1d alone at the layers' shape, transformers' fallback beside fla's Triton kernel;
 2. `drafter`: the drafter's training step at the seed's shape (2,048 blocks of 16 = 32,768
    queries over 49,152 context tokens, the 248,320-row loss) as a drafter rank runs it
@@ -22,10 +22,10 @@ short keeps the figures it has written), all within --budget-s (--stages picks s
 4. `drafter-flash`: stage 2 on FlexAttention's CuTe-DSL kernels (`run.attention_kernels =
    "flash"`) where flash-attn-4 imports, else why not;
 5. `target-compiled`: stage 1's forward through `torch.compile` (`run.compile_target = true`);
-6. `split`: with two GPUs or more, the real split run (`trainer.split`) at the planned split of
+6. `split`: with two GPUs or more, the real split run (`trainer.split.session`) at the planned split of
    this machine's GPUs: measured tokens/s beside the plan's prediction.
 After every stage DIR/summary.json is rewritten: the figures so far and the plan
-(`trainer.plan.predict`) from the measured rates for 8, 4 and 2 GPUs with the memory of a rank
+(`trainer.commands.plan.predict`) from the measured rates for 8, 4 and 2 GPUs with the memory of a rank
 of each role, beside the seed's own 13.5 K (6 + 2) and 21.5 K (5 + 3) tokens/s. Each stage also
 writes DIR/<stage>.json as it goes. The shapes and where they were read: bench/README.md.
 """

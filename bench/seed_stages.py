@@ -119,7 +119,7 @@ def write_data(path: Path, spec: dict[str, Any], samples: int) -> None:
 
 def train_config(spec: dict[str, Any], data: Path, device: torch.device, **run: Any) -> Any:
     """The run's config at the seed's shape: the published drafter, one sequence a step."""
-    from trainer.config import config_from_dict
+    from trainer.settings.loading import config_from_dict
 
     bucket = 128 if spec["seq_len"] >= 1024 else 64
     return config_from_dict(
@@ -140,9 +140,9 @@ def train_config(spec: dict[str, Any], data: Path, device: torch.device, **run: 
 
 
 def load(spec: dict[str, Any], device: torch.device) -> Any:
-    """The target as a target rank loads it (`trainer.target.load_target`, a config in
+    """The target as a target rank loads it (`trainer.model.target.load_target`, a config in
     memory: random weights made on `device`)."""
-    from trainer.target import load_target
+    from trainer.model.target import load_target
 
     layers = spec["drafter"]["num_target_layers"]
     return load_target(target_config(spec), device=device, num_layers=layers, seed=0)
@@ -161,7 +161,7 @@ def stage_target(spec: dict[str, Any], out: Path, cap_s: float, mode: str, smoke
     device = device_of(smoke)
     name = {"kernels": "target", "fallback": "target-fallback"}.get(mode, f"target-{mode}")
     rec = Record(out / f"{name}.json", stage=name, mode=mode, env=environment(device))
-    from trainer.linear_attention import bound_ops
+    from trainer.model.linear_attention import bound_ops
 
     target = load(spec, device)
     sync(device)
@@ -194,8 +194,8 @@ def lengths_timed(
 ) -> None:
     """Each length: untimed forwards (kernels' first launch, compiles), then timed ones; a
     length whose forwards the cap cannot fit, predicted from the length before, is skipped."""
-    from trainer.data import BatchStream, load_samples
-    from trainer.pipeline import TargetWorker
+    from trainer.data.dataset import BatchStream, load_samples
+    from trainer.run.target_worker import TargetWorker
 
     device = target.device
     cfg = train_config(spec, data, device, compile_target=mode == "compiled")
@@ -253,7 +253,7 @@ def conv_alone(spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """The linear-attention layers' short causal convolution alone at the longest length, in
     the layout the layer hands it: what transformers bound (its F.conv1d fallback without the
     causal-conv1d package) beside fla's Triton kernel, per layer and per forward."""
-    from trainer.linear_attention import kernel_of, linear_layers, modeling_module
+    from trainer.model.linear_attention import kernel_of, linear_layers, modeling_module
 
     t = spec["target"]
     channels = 2 * t["linear_num_key_heads"] * t["linear_key_head_dim"]
@@ -295,18 +295,18 @@ def stage_drafter(spec: dict[str, Any], out: Path, kernels: str, smoke: bool) ->
         if device.type != "cuda":
             rec["unavailable"] = "needs CUDA"
             return
-        from trainer.attention import check_flash_backend
-        from trainer.errors import TrainerError
+        from trainer.base.errors import TrainerError
+        from trainer.model.attention import check_flash_backend
 
         try:
             check_flash_backend(torch.cuda.get_device_capability(device))
         except TrainerError as exc:
             rec["unavailable"] = str(exc)
             return
-    from trainer.data import BatchStream, load_samples
-    from trainer.model import shape_from_target
-    from trainer.pipeline import DrafterWorker
-    from trainer.target import default_target_layers
+    from trainer.data.dataset import BatchStream, load_samples
+    from trainer.model.drafter import shape_from_target
+    from trainer.model.target import default_target_layers
+    from trainer.run.pipeline import DrafterWorker
 
     t = spec["target"]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -368,7 +368,7 @@ def seed_features(
 ) -> Any:
     """What a target rank sends for `batch`: its ids, anchors and labels, with random hidden
     states of the target's width in place of the target's (the drafter's work is the same)."""
-    from trainer.pipeline import Features
+    from trainer.run.target_worker import Features
 
     gen = torch.Generator(device=device).manual_seed(0)
     rows, seq = batch.input_ids.shape
@@ -434,8 +434,8 @@ def split_rank(
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                       TORCHELASTIC_USE_AGENT_STORE="True",
                       DFLASH_TARGET_GPUS=str(targets))  # fmt: skip
-    from trainer.distributed import roles_from_env
-    from trainer.split import run_split
+    from trainer.split.roles import roles_from_env
+    from trainer.split.session import run_split
 
     device = device_of(smoke)
     cfg = train_config(spec, Path(data), device, steps=spec["split_steps"], log_every=1)

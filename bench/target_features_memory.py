@@ -1,4 +1,4 @@
-"""The target's feature forward's memory: the selected layers kept by hooks (`trainer.target`,
+"""The target's feature forward's memory: the selected layers kept by hooks (`trainer.model.target`,
 what a run does) against `transformers`' `output_hidden_states=True` (every layer's output held
 to the end), on one random Qwen3-shaped target, each in a process of its own.
 
@@ -35,7 +35,7 @@ def build(args: Any) -> Any:
     """A random Qwen3 of the given shape, in bf16 on CUDA, fp32 on the CPU."""
     from transformers import AutoConfig
 
-    from trainer.target import load_target
+    from trainer.model.target import load_target
 
     config = AutoConfig.for_model(
         "qwen3", vocab_size=args.vocab, hidden_size=args.hidden,

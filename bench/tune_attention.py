@@ -28,7 +28,7 @@ repo_on_path()
 
 from torch.nn.attention.flex_attention import flex_attention  # noqa: E402
 
-from trainer.attention import build_draft_mask  # noqa: E402
+from trainer.model.attention import build_draft_mask  # noqa: E402
 
 
 def fwd(bm: int, bn: int, stages: int, warps: int) -> dict[str, Any]:

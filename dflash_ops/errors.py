@@ -198,7 +198,7 @@ class NotAnSSHServer(ConnectionFailed):
 
 
 class TrainConfigInvalid(DflashError):
-    """The trainer's own check (`python -m trainer.check`) refused the `[train]` settings at
+    """The trainer's own check (`python -m trainer check`) refused the `[train]` settings at
     the place; nothing there was changed."""
 
     hint = "Fix [train] in deploy.toml, then run dflash doctor (it runs the same check)."

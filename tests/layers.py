@@ -11,7 +11,8 @@ MAX_LINES = 500
 
 
 def module_name(path: Path) -> str:
-    """`trainer/data.py` → `trainer.data`, `dflash_ops/connect/__init__.py` → `dflash_ops.connect`."""
+    """`trainer/data/shards.py` → `trainer.data.shards`; `dflash_ops/connect/__init__.py` →
+    `dflash_ops.connect`."""
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -69,10 +70,10 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def long_modules(package: str) -> dict[str, int]:
-    """Modules over `MAX_LINES` lines, with their length."""
+def long_modules(package: str, *, limit: int = MAX_LINES) -> dict[str, int]:
+    """Modules over `limit` lines, with their length."""
     return {
         name: n
         for name, path in modules(package).items()
-        if (n := len(path.read_text().splitlines())) > MAX_LINES
+        if (n := len(path.read_text().splitlines())) > limit
     }

@@ -73,7 +73,7 @@ def eval_(
     """Decode with the drafter at the place: τ, acceptance per slot, speed-up, lossless check,
     and the same figures for prompt lookup (n-gram drafting) on the same prompts.
 
-    Runs `python -m trainer.evaluate` in the foreground, in the current release with its
+    Runs `python -m trainer evaluate` in the foreground, in the current release with its
     train.toml, the target's python and the [job] env; prints its report and exits with its
     exit code (2 when it fails, e.g. a lossless violation).
 

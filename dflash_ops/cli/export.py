@@ -26,7 +26,7 @@ from dflash_ops.cli import output
 from dflash_ops.cli.context import workspace
 from dflash_ops.cli.options import CheckpointOption, TargetChoice, with_target
 from dflash_ops.commands import export as exporting
-from trainer import serving
+from trainer.export import serving
 
 app = typer.Typer()
 
@@ -62,7 +62,7 @@ def export(
 ) -> None:
     """Export the drafter for SGLang, vLLM or the reference DFlashDraftModel, and copy it here.
 
-    Runs `python -m trainer.export` at the place, in the current release with its train.toml,
+    Runs `python -m trainer export` at the place, in the current release with its train.toml,
     the target's python and the [job] env, then streams the folder back over the same
     connection (one tar stream). An interrupted export leaves nothing at --to. How to serve
     it: docs/serving.md.

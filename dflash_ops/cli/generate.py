@@ -16,7 +16,7 @@ app = typer.Typer()
 
 
 class Engine(StrEnum):
-    """`trainer.generate --engine` (trainer/decode.py)."""
+    """`trainer.generation.generate --engine` (trainer/generation/decode.py)."""
 
     auto = "auto"
     static = "static"
@@ -90,7 +90,7 @@ def generate(
 ) -> None:
     """Make training data: the target answers prompts, as the job at the place (in tmux).
 
-    Deploys a release whose job runs `python -m trainer.generate` (torchrun over [job] gpus, one
+    Deploys a release whose job runs `python -m trainer generate` (torchrun over [job] gpus, one
     share of the prompts per GPU) and starts it like a training run: it survives a dropped
     connection, shows in `dflash logs` and `dflash status`, stops with `dflash stop`, and
     `dflash restart` resumes it (finished shards are kept). Then train on the folder:

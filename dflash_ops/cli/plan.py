@@ -51,7 +51,7 @@ def plan(
     """Measure each role alone at the place and print the predicted tokens/s of every
     target + drafter split of the node, and the best one.
 
-    Runs `python -m trainer.plan` in the foreground, in the current release with its
+    Runs `python -m trainer plan` in the foreground, in the current release with its
     train.toml, the target's python and the [job] env. Refused while the job runs (dflash stop
     first): timings on busy GPUs are meaningless. Set the best split as [job] target_gpus.
 

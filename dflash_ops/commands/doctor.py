@@ -12,7 +12,7 @@ Order and dependencies:
 
     reachable (ssh/proxmox) → container (proxmox) → tmux, python → imports, torch → cuda → gpu count
                                                   → checkpoints, target model
-                                         python → train config (trainer.check on the bundle)
+                                         python → train config (trainer.commands.check on the bundle)
                                                   → smoke (torch; ships trainer/ to a scratch folder)
 """
 

@@ -1,4 +1,4 @@
-"""`dflash eval`: run `python -m trainer.evaluate` at the place, in the current release.
+"""`dflash eval`: run `python -m trainer evaluate` at the place, in the current release.
 
 The evaluator runs in the foreground (not in the job's tmux session), from `<root>/current` with
 the target's python and the `[job] env`, on the release's own `train.toml`, so it judges the
@@ -120,9 +120,9 @@ def prompts_path(ws: Workspace, given: str) -> str:
 
 
 def evaluator_argv(ws: Workspace, request: EvalRequest, *, checkpoint: str) -> list[str]:
-    """`bash -c 'cd current; exec …' env K=V… python -m trainer.evaluate …` as one argv."""
+    """`bash -c 'cd current; exec …' env K=V… python -m trainer evaluate …` as one argv."""
     args = [
-        ws.target.python, "-m", "trainer.evaluate", "--config", TRAIN_CONFIG,
+        ws.target.python, "-m", "trainer", "evaluate", "--config", TRAIN_CONFIG,
         "--checkpoint", checkpoint,
     ]  # fmt: skip
     if request.prompts is not None:

@@ -1,4 +1,4 @@
-"""`dflash export`: run `python -m trainer.export` at the place and stream the folder back.
+"""`dflash export`: run `python -m trainer export` at the place and stream the folder back.
 
 At the place, in ONE command: `cd <root>/current` with the `[job] env`, run the exporter on the
 release's `train.toml` into a temporary folder inside the checkpoints folder (its messages go to
@@ -68,7 +68,7 @@ def exporter_argv(
     else:
         parent, name, keep = ws.target.checkpoints, "drafter", "0"
     tool = [
-        ws.target.python, "-m", "trainer.export", "--config", TRAIN_CONFIG,
+        ws.target.python, "-m", "trainer", "export", "--config", TRAIN_CONFIG,
         "--checkpoint", checkpoint, "--dtype", request.dtype,
     ]  # fmt: skip
     script = ["bash", "-c", _SCRIPT, "dflash-export", parent, name, keep, *tool]

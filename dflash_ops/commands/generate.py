@@ -1,8 +1,8 @@
 """`dflash generate`: the target answers prompts at the place, as the job in tmux.
 
 Generation is long (hours for hundreds of thousands of prompts), so it runs like a training run:
-a release whose `launch.sh` runs `python -m trainer.generate` (torchrun over `[job] gpus`, one
-shard of the prompts per rank) instead of `trainer.train`, started in the job's tmux session by
+a release whose `launch.sh` runs `python -m trainer generate` (torchrun over `[job] gpus`, one
+shard of the prompts per rank) instead of `trainer.commands.train`, started in the job's tmux session by
 the same one-command deploy (`operations.deploy` with `tool`). It survives a dropped connection,
 shows in `dflash logs`/`status`, stops with `dflash stop`, and `dflash restart` resumes it
 (finished shards are skipped). The checkpoints are never archived by it; the output folder must
@@ -19,7 +19,7 @@ from dflash_ops.connect import shell
 from dflash_ops.errors import GenerationError
 from dflash_ops.remote.launch import TRAIN_CONFIG
 
-# request field → trainer.generate flag, for the optional values passed through as given
+# request field → trainer.generation.generate flag, for the optional values passed through as given
 _FLAGS = {
     "max_new_tokens": "--max-new-tokens",
     "batch_size": "--batch-size",
@@ -39,7 +39,7 @@ class GenerateRequest:
     out: str  # the shard folder at the place
     max_new_tokens: int | None = None
     batch_size: int | None = None
-    engine: str | None = None  # trainer.decode's engine: auto, static or dynamic
+    engine: str | None = None  # trainer.generation.decode's engine: auto, static or dynamic
     temperature: float | None = None
     top_p: float | None = None
     sampled_prefix: int | None = None  # first N answer tokens sampled, then greedy
@@ -50,8 +50,8 @@ class GenerateRequest:
     strict: bool = False
 
     def tool(self) -> tuple[str, ...]:
-        """The job's `-m trainer.generate …` arguments (after the interpreter or torchrun)."""
-        args = ["-m", "trainer.generate", "--config", TRAIN_CONFIG, "--out", self.out]
+        """The job's `-m trainer generate …` arguments (after the interpreter or torchrun)."""
+        args = ["-m", "trainer", "generate", "--config", TRAIN_CONFIG, "--out", self.out]
         for path in self.prompts:
             args += ["--prompts", path]
         for f in fields(self):

@@ -3,7 +3,7 @@
 The GPU count comes from `nvidia-smi --query-gpu=name --format=csv,noheader` run at the place
 (inside the container for a Proxmox target); no `nvidia-smi` means 0 GPUs. `target_gpus = 0` is
 written whatever the count: the trainer then picks the split between the target model and the
-drafter from the model shapes it reads at start (`trainer.split_shapes`), which no file written
+drafter from the model shapes it reads at start (`trainer.split.split_shapes`), which no file written
 before the model is there can know; with 0 or 1 GPU everything is colocated.
 
 An existing file is never replaced unless asked (`force=True`).

@@ -39,8 +39,8 @@ from dflash_ops.settings import state
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
-FORCE_RESUME_ENV = "DFLASH_FORCE_RESUME"  # read by trainer.train
-# The trainer's readiness line, as it logs it (`trainer.stopping.started_line`): the job is past
+FORCE_RESUME_ENV = "DFLASH_FORCE_RESUME"  # read by trainer.commands.train
+# The trainer's readiness line, as it logs it (`trainer.base.stopping.started_line`): the job is past
 # start-up (tests/system/test_startup.py deploys the real trainer and waits for it).
 STARTED = "started training at step"
 STATUS_LOG_CAP = 64 * 1024  # bytes of the log's end `status` reads for its last lines
@@ -77,7 +77,7 @@ class RestartReport:
 def start_wait(ws: Workspace, *, wait: bool, tool: tuple[str, ...] = ()) -> dict[str, Any]:
     """The `Steps` fields of the wait after a start: `[job] start_wait` seconds (0 with
     `wait=False`) for `[job] ready` in the job's log, else the trainer's readiness line
-    (`trainer.stopping.STARTED`), else (a `[job] command`, a trainer tool) its first line."""
+    (`trainer.base.stopping.STARTED`), else (a `[job] command`, a trainer tool) its first line."""
     job = ws.config.job
     ready = "" if tool else job.ready or (STARTED if job.command is None else "")
     return {"wait": job.start_wait if wait else 0.0, "ready": ready}
@@ -146,7 +146,7 @@ def deploy(
     """Build the bundle here, then do everything at the place in ONE command
     (`remote/site.sh deploy`): preflight (tmux, python), lock, unpack, check, stop, switch,
     prune, archive, start, unlock, ready. A held lock costs `DeployLock.acquire`'s commands and one more run.
-    `tool` makes the job run another trainer module than `trainer.train` (`dflash generate`).
+    `tool` makes the job run another trainer module than `trainer.commands.train` (`dflash generate`).
     `force_resume`: this start of the trainer resumes even from a checkpoint written with other
     model/data settings (`DFLASH_FORCE_RESUME=1` in its env; later restarts do not).
     `wait`: then wait until the job is past start-up (site.sh's `ready` step)."""
@@ -363,7 +363,7 @@ _LAST_ROW = 'tail -n 2 -- "$1" | tail -c "$2"'  # the last two lines: the last m
 def last_metrics(ws: Workspace) -> dict[str, Any] | None:
     """The last whole row of `<checkpoints>/metrics.jsonl` (step, loss, tokens_per_s, time, …):
     a torn last line (a write cut short by a kill or a full disk) is passed over, as the
-    trainer cuts it when it resumes (`trainer.metrics`); what is read is bounded."""
+    trainer cuts it when it resumes (`trainer.run.metrics`); what is read is bounded."""
     argv = ["bash", "-c", _LAST_ROW, "dflash-metrics", ws.metrics_path, str(METRICS_CAP)]
     result = ws.place.run(argv, check=False, cap=METRICS_CAP)
     if result.exit_code != 0:

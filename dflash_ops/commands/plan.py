@@ -1,4 +1,4 @@
-"""`dflash plan`: run `python -m trainer.plan` at the place, in the current release.
+"""`dflash plan`: run `python -m trainer plan` at the place, in the current release.
 
 The planner times the target and the drafter alone and predicts every target/drafter split of the
 node's GPUs. It runs in the foreground like `dflash eval` (from `<root>/current`, with the target's
@@ -18,7 +18,7 @@ from dflash_ops.connect.transport import StreamResult
 from dflash_ops.errors import JobRunning, RemoteCommandFailed
 from dflash_ops.remote.launch import TRAIN_CONFIG, in_release
 
-SHOWN_ARGV = ("python", "-m", "trainer.plan")  # how a failure names the command
+SHOWN_ARGV = ("python", "-m", "trainer", "plan")  # how a failure names the command
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,9 +31,9 @@ class PlanRequest:
 
 
 def planner_argv(ws: Workspace, request: PlanRequest) -> list[str]:
-    """`bash -c 'cd current; exec …' env K=V… python -m trainer.plan …` as one argv."""
+    """`bash -c 'cd current; exec …' env K=V… python -m trainer plan …` as one argv."""
     args = [
-        ws.target.python, "-m", "trainer.plan", "--config", TRAIN_CONFIG,
+        ws.target.python, "-m", "trainer", "plan", "--config", TRAIN_CONFIG,
         "--out", ws.target.checkpoints,
     ]  # fmt: skip
     gpus = request.gpus if request.gpus is not None else ws.config.job.gpus or None
@@ -66,5 +66,5 @@ def failure(ws: Workspace, stream: StreamResult) -> RemoteCommandFailed:
         SHOWN_ARGV,
         stream.exit_code if stream.exit_code is not None else -1,
         stream.stderr.decode("utf-8", "backslashreplace"),
-        hint="Fix what it names, then run again (python -m trainer.plan --help at the place).",
+        hint="Fix what it names, then run again (python -m trainer plan --help at the place).",
     )

@@ -1,8 +1,8 @@
-"""The GPU smoke test at a place: ship `trainer/` to a scratch folder, run `trainer.smoke`.
+"""The GPU smoke test at a place: ship `trainer/` to a scratch folder, run `trainer.commands.smoke`.
 
 `trainer/` travels as one small tar on stdin into `<root>/doctor/<random>` (through `pct exec`
 for a container, as a release does: no path on the Proxmox host is assumed), runs there as
-`python -m trainer.smoke --json` with the job's environment, and is removed again.
+`python -m trainer smoke --json` with the job's environment, and is removed again.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def trainer_tar(trainer: Path, files: Mapping[str, bytes] | None = None) -> byte
 
 
 def check_smoke(setup: Setup, place: Place, _: Findings) -> Check:
-    """Ship trainer/ into `<root>/doctor/<id>` and run `python -m trainer.smoke --json` there."""
+    """Ship trainer/ into `<root>/doctor/<id>` and run `python -m trainer smoke --json` there."""
     name = "gpu smoke test"
     trainer = (setup.project_dir or Path.cwd()) / "trainer"
     if not (trainer / "smoke.py").is_file():
@@ -59,7 +59,7 @@ def check_smoke(setup: Setup, place: Place, _: Findings) -> Check:
             "Run dflash doctor in the project folder (next to deploy.toml and trainer/).",
         )
     scratch = shell.remote_path(f"{setup.target.root}/doctor/{secrets.token_hex(4)}")
-    argv = job_argv(setup, [setup.target.python, "-m", "trainer.smoke", "--json"])
+    argv = job_argv(setup, [setup.target.python, "-m", "trainer", "smoke", "--json"])
     result = run_in_scratch(
         place, scratch, trainer_tar(trainer), argv, timeout=max(SMOKE_TIMEOUT, place.timeout)
     )
@@ -70,7 +70,7 @@ def check_smoke(setup: Setup, place: Place, _: Findings) -> Check:
         return failed(
             name,
             f"the smoke test crashed (exit {result.exit_code}): {last_line(result.stderr_text)}",
-            "Run it by hand at the place for the full output: python -m trainer.smoke",
+            "Run it by hand at the place for the full output: python -m trainer smoke",
         )
     return smoke_check(report, gpus=setup.job.gpus)
 
@@ -106,7 +106,7 @@ def smoke_check(report: Mapping[str, Any], *, gpus: int) -> Check:
         return failed(
             name,
             f"{report.get('error', 'failed')} ({detail})",
-            "Run python -m trainer.smoke at the place for details; a compile error usually "
+            "Run python -m trainer smoke at the place for details; a compile error usually "
             "means a torch/Triton mismatch: reinstall torch for that GPU's CUDA.",
         )
     if not report.get("cuda") and gpus > 0:

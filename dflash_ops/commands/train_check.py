@@ -1,4 +1,4 @@
-"""The trainer's own check of `[train]` (`python -m trainer.check`), run at the place.
+"""The trainer's own check of `[train]` (`python -m trainer check`), run at the place.
 
 `dflash deploy` runs it inside its one command on the release it has just unpacked, before
 `current` moves or the running job stops (`remote/site.sh`, step `check`); `dflash doctor` runs
@@ -33,7 +33,9 @@ def applies(setup: Setup) -> bool:
 
 def check_argv(setup: Setup) -> list[str]:
     """The job's python running the check of the release's `train.toml`."""
-    return job_argv(setup, [setup.target.python, "-m", "trainer.check", "--config", TRAIN_CONFIG])
+    return job_argv(
+        setup, [setup.target.python, "-m", "trainer", "check", "--config", TRAIN_CONFIG]
+    )
 
 
 def invalid(

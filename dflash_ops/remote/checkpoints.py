@@ -20,7 +20,7 @@ as a link, and `rm -rf` never follows symlinks below the folder it removes.
 Which runs a prune keeps (`choose`) is decided by what they hold, not by their age alone: only a
 run with a verified checkpoint counts among the N kept, and the newest such run is never deleted
 while the live folder has none (a fresh deploy has just archived the run that trained). Whether
-a folder holds one is the trainer's own answer (`VERIFY`: `trainer.checkpoint.find_resumable`,
+a folder holds one is the trainer's own answer (`VERIFY`: `trainer.model.checkpoint.find_resumable`,
 the function a resume uses), run at the place by the job's python.
 """
 
@@ -45,7 +45,7 @@ Names = list[str]  # `list` is also a method of Checkpoints
 RUN_PATTERN = r"^[0-9]{8}T[0-9]{6}\.[0-9]{3}Z$"
 _RUN = re.compile(RUN_PATTERN)
 # What the trainer writes into the folder: `step-NNNNNNNN/` and, while writing,
-# `.tmp-step-NNNNNNNN-PID/` (trainer/checkpoint.py), always real folders.
+# `.tmp-step-NNNNNNNN-PID/` (trainer/model/checkpoint.py), always real folders.
 _CHECKPOINT = re.compile(r"^(step-[0-9]{8}|\.tmp-step-[0-9]{8}-[0-9]+)$")
 
 # Names of the entries of folder $1, NUL-separated; nothing when the folder does not exist.
@@ -197,7 +197,10 @@ def _entry(record: str) -> Entry | None:
 # in argv, one JSON line [folder, its newest verified checkpoint's name or null], as a resume
 # would find it.
 VERIFY = """import json, sys
-from trainer.checkpoint import find_resumable
+try:
+    from trainer.model.checkpoint import find_resumable
+except ImportError:  # a release deployed before the trainer was in folders
+    from trainer.checkpoint import find_resumable
 for folder in sys.argv[1:]:
     found = find_resumable(folder)
     print(json.dumps([folder, found.path.name if found.path is not None else None]), flush=True)

@@ -3,8 +3,8 @@
 The script is the one thing the tmux session runs (`bash <root>/current/launch.sh`). It moves to
 its own release folder, exports what the job needs to know about itself (and, with `[job] gpus = 0`,
 an empty `CUDA_VISIBLE_DEVICES`: a CPU job sees no GPU), and `exec`s the trainer
-— `python -m trainer.train --config train.toml --out <checkpoints>`, under torchrun
-(`trainer.launcher`: torchrun that exits 0 when the workers stopped gracefully on a signal, and
+— `python -m trainer train --config train.toml --out <checkpoints>`, under torchrun
+(`trainer.commands.launcher`: torchrun that exits 0 when the workers stopped gracefully on a signal, and
 waits `[job] stop_timeout` + 10 s for them) when the job has more than one GPU: `--standalone` on one
 node, a c10d rendezvous at `[job] rendezvous` shared by every node when `[job] nodes` > 1 (each
 node runs the same script) — or, when `[job] command`
@@ -43,7 +43,7 @@ class LaunchPlan:
     rendezvous: str | None = None  # "host:port", when nodes > 1
     rdzv_id: str = "dflash"  # the same on every node: the job's session name
     command: str | None = None
-    tool: tuple[str, ...] = ()  # replaces `-m trainer.train …` (e.g. `-m trainer.generate …`)
+    tool: tuple[str, ...] = ()  # replaces `-m trainer train …` (e.g. `-m trainer generate …`)
     stop_timeout: float = 30.0  # how long `dflash stop` waits after SIGINT
 
     @classmethod
@@ -77,17 +77,18 @@ class LaunchPlan:
 
 
 def trainer_argv(plan: LaunchPlan) -> list[str]:
-    """The trainer's argv: `python -m trainer.train …`, or torchrun over `gpus` processes per
+    """The trainer's argv: `python -m trainer train …`, or torchrun over `gpus` processes per
     node — standalone on one node, meeting the other nodes at the rendezvous otherwise."""
     args = list(plan.tool) or [
         "-m",
-        "trainer.train",
+        "trainer",
+        "train",
         "--config",
         TRAIN_CONFIG,
         "--out",
         plan.checkpoints,
     ]
-    torchrun = [plan.python, "-m", "trainer.launcher"]
+    torchrun = [plan.python, "-m", "trainer", "launch"]
     per_node = ["--nproc-per-node", str(max(plan.gpus, 1))]
     if plan.nodes > 1:
         if plan.rendezvous is None:
@@ -109,7 +110,7 @@ def in_release(
     release: str, env: Mapping[str, str], argv: Sequence[str], *, name: str
 ) -> list[str]:
     """`bash -c 'cd <release>; exec env K=V… argv…'` as one argv: how a foreground tool of the
-    trainer (`trainer.evaluate`, `trainer.plan`) runs with a release's code, config and the
+    trainer (`trainer.evaluation.evaluate`, `trainer.commands.plan`) runs with a release's code, config and the
     job's environment. `name` is the script's `$0` (shown by `ps`)."""
     pairs = [f"{env_key(k)}={env_value(v)}" for k, v in env.items()]
     return ["bash", "-c", _IN_FOLDER, name, release, "env", *pairs, *argv]

@@ -105,9 +105,9 @@ def build_bundle(
 ) -> Bundle:
     """Tar `trainer/` and the generated files in memory (the trainer is a few hundred KB)."""
     trainer = project_dir / "trainer"
-    if plan.command is None and not (trainer / "train.py").is_file():
+    if plan.command is None and not (trainer / "__main__.py").is_file():
         raise ReleaseError(
-            f"No trainer to deploy: {trainer / 'train.py'} does not exist.",
+            f"No trainer to deploy: {trainer / '__main__.py'} does not exist.",
             hint="Run dflash from the project folder, or set [job] command in deploy.toml.",
         )
     meta = {

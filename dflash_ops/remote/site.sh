@@ -545,7 +545,7 @@ step_unpack_and_check() {  # the bundle into releases/<id>.tmp, then the trainer
   # The watcher saves the bundle as it arrives (with the preflight): here it is mostly there.
   while [ ! -f "$scratch/bundle" ]; do sleep 0.05; done
   release_unpack "$root" "$id" < "$scratch/bundle" || fail $?
-  if [ "${#checker[@]}" -gt 0 ] && [ -f "$root/releases/$id.tmp/trainer/check.py" ]; then
+  if [ "${#checker[@]}" -gt 0 ] && [ -f "$root/releases/$id.tmp/trainer/commands/check.py" ]; then
     say step check
     out=$(cd -- "$root/releases/$id.tmp" && "${checker[@]}" 2>&1 | tail -c 65536
           exit "${PIPESTATUS[0]}"); rc=$?

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.attention import (
+from trainer.model.attention import (
     FLASH_KERNEL_OPTIONS,
     SMALL_KERNEL_OPTIONS,
     build_draft_mask,
@@ -117,7 +117,7 @@ def test_sliding_mask_mod_on_cuda_equals_the_dense_mask(window):
     `batched_dense_mask` cell for cell, per-slot window and causal block included."""
     from torch.nn.attention.flex_attention import create_mask
 
-    from trainer.masks import batched_dense_mask, draft_mask_mod
+    from trainer.model.masks import batched_dense_mask, draft_mask_mod
 
     bsz, n, b, s = 2, 8, 16, 256
     anchors, valid = layout(4, bsz, n, s)
@@ -183,8 +183,8 @@ def test_drafter_with_served_window_flex_matches_sdpa(window):
     sliding layer): compiled flex against SDPA with the dense mask, outputs and gradients, fp32."""
     from transformers import LlamaConfig
 
-    from trainer.config import ModelConfig
-    from trainer.model import Drafter, shape_from_target
+    from trainer.model.drafter import Drafter, shape_from_target
+    from trainer.settings.config import ModelConfig
 
     hidden, vocab, s, n, b = 128, 500, 256, 8, 16
     target = LlamaConfig(

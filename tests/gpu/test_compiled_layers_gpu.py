@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import Qwen3Config
 
-from trainer.config import ModelConfig
-from trainer.model import Drafter, shape_from_target
+from trainer.model.drafter import Drafter, shape_from_target
+from trainer.settings.config import ModelConfig
 
 pytestmark = [
     pytest.mark.gpu,

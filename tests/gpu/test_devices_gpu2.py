@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.trainer.test_loss import reference
-from trainer.loss import IGNORE_INDEX, dflash_loss
+from trainer.loss.dflash_loss import IGNORE_INDEX, dflash_loss
 
 pytestmark = [
     pytest.mark.gpu2,

@@ -1,7 +1,7 @@
 """On a GPU: batched KV-cached decoding of a float32 target equals plain greedy decoding with
 both engines (the static one replaying its step as a CUDA graph per mask width, through the
 grouped step attention, rows ending early included; a hybrid linear-attention target with the
-dynamic engine), and `trainer.generate` writes complete shards on CUDA (bf16)."""
+dynamic engine), and `trainer.generation.generate` writes complete shards on CUDA (bf16)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from tests.trainer.hybrid_target import hybrid_model
-from trainer.config import DemoConfig
-from trainer.decode import decode_batch
-from trainer.demo import ensure_demo_assets
-from trainer.generate import main
-from trainer.shards import MANIFEST, ShardSamples
+from trainer.data.shards import MANIFEST, ShardSamples
+from trainer.generation.decode import decode_batch
+from trainer.generation.generate import main
+from trainer.settings.config import DemoConfig
+from trainer.setup.demo import ensure_demo_assets
 
 pytestmark = pytest.mark.gpu
 DEMO = DemoConfig(enabled=True, num_samples=8, num_layers=2, prompt_len=6, gen_len=8)

@@ -20,7 +20,7 @@ def _kernels() -> None:
 
 
 def test_the_bound_kernel_matches_transformers_reference() -> None:
-    from trainer.linear_attention import bound_ops, modeling_module, transformers_wrapper
+    from trainer.model.linear_attention import bound_ops, modeling_module, transformers_wrapper
 
     paths = {p.op: p.kernel for p in bound_ops("qwen3_5_text")}
     assert (paths["gated delta rule"] or "").startswith("fla ")
@@ -46,10 +46,10 @@ def test_the_bound_kernel_matches_transformers_reference() -> None:
 
 
 def test_a_hybrid_target_runs_eager_on_the_kernels_and_says_so() -> None:
-    from trainer.config import config_from_dict
-    from trainer.linear_attention import describe
-    from trainer.pipeline import TargetWorker
-    from trainer.target import Target
+    from trainer.model.linear_attention import describe
+    from trainer.model.target import Target
+    from trainer.run.target_worker import TargetWorker
+    from trainer.settings.loading import config_from_dict
 
     model = hybrid_model().to("cuda", torch.bfloat16)
     model.requires_grad_(False)

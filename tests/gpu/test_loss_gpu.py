@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tests.trainer.test_loss import reference
-from trainer.loss import IGNORE_INDEX, _logit_grad, _row_stats, dflash_loss
+from trainer.loss.chunk_passes import _logit_grad, _row_stats
+from trainer.loss.dflash_loss import IGNORE_INDEX, dflash_loss
 
 pytestmark = [
     pytest.mark.gpu,
@@ -104,7 +105,7 @@ def test_peak_memory_at_benchmark_size():
 @pytest.mark.parametrize("with_target", [False, True], ids=["ce", "kl"])
 def test_triton_chunk_kernels_match_eager(vocab, split, with_target):
     """The Triton passes against the eager definition, incl. empty row slices (V=100, 16 splits)."""
-    loss_kernels = pytest.importorskip("trainer.loss_kernels")
+    loss_kernels = pytest.importorskip("trainer.loss.kernels")
     g = torch.Generator(device="cuda").manual_seed(0)
     r = 37
     z = (4 * torch.randn(r, vocab, generator=g, device="cuda")).bfloat16()
@@ -128,7 +129,7 @@ def test_triton_chunk_kernels_match_eager(vocab, split, with_target):
 def test_loss_next_to_compiled_attention():
     """Compiled flex attention and the Triton loss in one forward/backward (the seed's failing
     combination), against SDPA + the eager loss on the same bf16 autocast graph."""
-    from trainer.attention import build_draft_mask, draft_attention
+    from trainer.model.attention import build_draft_mask, draft_attention
 
     g = torch.Generator(device="cuda").manual_seed(0)
     bsz, n, b, s, heads, hd, vocab = 2, 16, 16, 512, 4, 64, 4096

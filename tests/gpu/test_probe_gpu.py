@@ -18,11 +18,11 @@ DEMO = {"enabled": True, "num_samples": 8, "num_layers": 2, "prompt_len": 6, "ge
 
 
 def test_prompt_lookup_is_lossless_on_cuda(tmp_path: Path) -> None:
-    from trainer.config import DemoConfig
-    from trainer.demo import ensure_demo_assets
-    from trainer.prompt_lookup import PromptLookupDrafter
-    from trainer.speculative import evaluate
-    from trainer.target import load_target
+    from trainer.evaluation.prompt_lookup import PromptLookupDrafter
+    from trainer.evaluation.report import evaluate
+    from trainer.model.target import load_target
+    from trainer.settings.config import DemoConfig
+    from trainer.setup.demo import ensure_demo_assets
 
     target_dir, _ = ensure_demo_assets(tmp_path, DemoConfig(**DEMO))
     target = load_target(target_dir, device="cuda", num_layers=2)
@@ -37,9 +37,9 @@ def test_prompt_lookup_is_lossless_on_cuda(tmp_path: Path) -> None:
 
 
 def test_training_on_cuda_probes_both_taus_beside_prompt_lookup(tmp_path: Path) -> None:
-    from trainer.config import config_from_dict
-    from trainer.curves import available
-    from trainer.trainer import Trainer
+    from trainer.run.curves import available
+    from trainer.run.trainer import Trainer
+    from trainer.settings.loading import config_from_dict
 
     raw = {
         "demo": {**DEMO, "folder": str(tmp_path / "assets")},

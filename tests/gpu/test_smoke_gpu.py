@@ -1,4 +1,4 @@
-"""`python -m trainer.smoke` on CUDA: compiled FlexAttention + the chunked loss in bf16 agree
+"""`python -m trainer smoke` on CUDA: compiled FlexAttention + the chunked loss in bf16 agree
 with float64 within the smoke test's bounds (run with `pytest tests/gpu`)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import smoke
+from trainer.commands import smoke
 
 pytestmark = [
     pytest.mark.gpu,
@@ -32,7 +32,7 @@ def test_cuda_smoke_passes_on_the_compiled_flex_path():
 
 def test_module_entry_point_prints_one_json_object():
     result = subprocess.run(
-        [sys.executable, "-m", "trainer.smoke", "--json"],
+        [sys.executable, "-m", "trainer", "smoke", "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

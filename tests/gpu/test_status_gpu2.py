@@ -85,7 +85,7 @@ def wait_for_rows(project: Path, timeout: float = 300) -> dict[str, Any]:
 def trainer_processes(project: Path) -> list[str]:
     """The command lines of this project's trainer processes (its checkpoints are under it)."""
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
-    return [a for a in ps.stdout.splitlines() if "trainer.train" in a and str(project) in a]
+    return [a for a in ps.stdout.splitlines() if "-m trainer train" in a and str(project) in a]
 
 
 def test_status_shows_real_gpus_of_a_running_split(project: Path) -> None:

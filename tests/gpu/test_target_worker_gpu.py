@@ -19,9 +19,9 @@ def test_compiled_target_forward_matches_eager_and_settles(tmp_path) -> None:
     from torch._dynamo.utils import counters
 
     from bench.eval_target import target_config
-    from trainer.data import Batch
-    from trainer.pipeline import TargetWorker
-    from trainer.target import load_target
+    from trainer.data.dataset import Batch
+    from trainer.model.target import load_target
+    from trainer.run.target_worker import TargetWorker
 
     torch._dynamo.reset()
     counters.clear()

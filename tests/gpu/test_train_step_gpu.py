@@ -34,7 +34,7 @@ def _target(folder):
 
 
 def _batch(length: int, seed: int, *, num_anchors: int = 64, block_size: int = 16):
-    from trainer.data import Sample, collate
+    from trainer.data.dataset import Sample, collate
 
     gen = torch.Generator().manual_seed(seed)
     samples = []
@@ -54,8 +54,8 @@ def _batch(length: int, seed: int, *, num_anchors: int = 64, block_size: int = 1
 
 def _worker(drafter, target, **settings):  # type: ignore[no-untyped-def]
     """The drafter's training worker as both tests run it (lr 1e-3, no warmup, KL and cap on)."""
-    from trainer.config import LossConfig, OptimConfig
-    from trainer.pipeline import DrafterWorker
+    from trainer.run.pipeline import DrafterWorker
+    from trainer.settings.config import LossConfig, OptimConfig
 
     return DrafterWorker(
         drafter,
@@ -71,10 +71,10 @@ def _worker(drafter, target, **settings):  # type: ignore[no-untyped-def]
 def _fresh_target_and_shape(folder):  # type: ignore[no-untyped-def]
     """The small target loaded on CUDA (3 feature layers) and a 2-layer drafter's shape for it,
     with dynamo's and the kernels' caches cleared first."""
-    from trainer.attention import flex_kernels
-    from trainer.config import ModelConfig
-    from trainer.model import shape_from_target
-    from trainer.target import load_target
+    from trainer.model.attention import flex_kernels
+    from trainer.model.drafter import shape_from_target
+    from trainer.model.target import load_target
+    from trainer.settings.config import ModelConfig
 
     torch._dynamo.reset()
     flex_kernels.cache_clear()
@@ -89,11 +89,11 @@ def _fresh_target_and_shape(folder):  # type: ignore[no-untyped-def]
 def test_full_training_step_compiled_flex_and_chunked_loss(tmp_path) -> None:
     from torch._dynamo.utils import counters
 
-    from trainer.attention import flex_kernels
-    from trainer.config import ModelConfig
-    from trainer.model import Drafter, shape_from_target
-    from trainer.pipeline import TargetWorker
-    from trainer.target import load_target
+    from trainer.model.attention import flex_kernels
+    from trainer.model.drafter import Drafter, shape_from_target
+    from trainer.model.target import load_target
+    from trainer.run.target_worker import TargetWorker
+    from trainer.settings.config import ModelConfig
 
     # Dynamo's recompile limit counts per code object across the whole process, so entries
     # compiled by other GPU tests in this process would count against this training run.
@@ -142,8 +142,8 @@ def test_a_step_in_two_parts_is_the_whole_batch_step_on_cuda(tmp_path) -> None:
     """`data.micro_batches` on the compiled path: one sequence per part, gradients accumulated,
     one optimizer step. Loss, gradient norm and slot accuracy equal the whole batch's step
     within bf16 rounding (the CPU tests hold it, and the weights after the step, in float64)."""
-    from trainer.model import Drafter
-    from trainer.pipeline import TargetWorker
+    from trainer.model.drafter import Drafter
+    from trainer.run.target_worker import TargetWorker
 
     device = torch.device("cuda")
     target, shape = _fresh_target_and_shape(tmp_path)
@@ -167,8 +167,8 @@ def test_a_launched_step_waits_for_nothing_until_its_figures_are_read(tmp_path) 
     The step equals the same step planned from CUDA labels (which must sync)."""
     from dataclasses import replace
 
-    from trainer.model import Drafter
-    from trainer.pipeline import TargetWorker
+    from trainer.model.drafter import Drafter
+    from trainer.run.target_worker import TargetWorker
 
     device = torch.device("cuda")
     target, shape = _fresh_target_and_shape(tmp_path)

@@ -18,9 +18,9 @@ import pytest
 
 from dflash_ops.remote.lock import LOCK_NAME
 from tests.cli_helpers import REPO, Where, kill_tmux_server
-from trainer.config import DemoConfig
-from trainer.demo import build_target, build_tokenizer
-from trainer.formats import Sample, write_samples
+from trainer.data.formats import Sample, write_samples
+from trainer.settings.config import DemoConfig
+from trainer.setup.demo import build_target, build_tokenizer
 
 
 @pytest.fixture(scope="module")

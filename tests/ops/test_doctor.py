@@ -192,7 +192,7 @@ def test_smoke_report_without_cuda_fails_only_when_gpus_are_wanted():
     assert not doctor.smoke_check(report, gpus=1).ok
     broken = dict(report, ok=False, error="relative error above the bound for grad_q")
     check = doctor.smoke_check(broken, gpus=0)
-    assert not check.ok and "grad_q" in check.detail and "python -m trainer.smoke" in check.fix
+    assert not check.ok and "grad_q" in check.detail and "python -m trainer smoke" in check.fix
 
 
 def test_missing_model_folder(tmp_path):

@@ -178,7 +178,7 @@ def test_rendered_file_always_loads(tmp_path_factory, gpus, model):
 def trainer_check(config: Path) -> subprocess.CompletedProcess[str]:
     """The trainer's own check of the written file (as deploy and doctor run it)."""
     return subprocess.run(
-        [sys.executable, "-m", "trainer.check", "--config", str(config)],
+        [sys.executable, "-m", "trainer", "check", "--config", str(config)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -187,9 +187,9 @@ def trainer_check(config: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_init_with_model_and_data_writes_a_config_that_passes_the_check(tmp_path):
-    from trainer.config import DemoConfig
-    from trainer.demo import build_target, build_tokenizer
-    from trainer.formats import Sample, write_samples
+    from trainer.data.formats import Sample, write_samples
+    from trainer.settings.config import DemoConfig
+    from trainer.setup.demo import build_target, build_tokenizer
 
     model, data = tmp_path / "model", tmp_path / "train.jsonl"
     build_target(model, DemoConfig(enabled=True, num_layers=4))

@@ -112,9 +112,9 @@ def test_launch_over_several_nodes() -> None:
     argv = trainer_argv(
         plan(gpus=8, target_gpus=10, nodes=2, rendezvous="[fd00::1]:29400", rdzv_id="run-7")
     )
-    train = ["-m", "trainer.train", "--config", TRAIN_CONFIG, "--out", "/ck"]
+    train = ["-m", "trainer", "train", "--config", TRAIN_CONFIG, "--out", "/ck"]
     assert argv == [
-        "py", "-m", "trainer.launcher", "--nnodes", "2", "--nproc-per-node", "8",
+        "py", "-m", "trainer", "launch", "--nnodes", "2", "--nproc-per-node", "8",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "[fd00::1]:29400", "--rdzv-id", "run-7",
         *train,
     ]  # fmt: skip
@@ -140,8 +140,8 @@ def test_two_nodes_train_the_demo_on_the_cpu(tmp_path: Path) -> None:
     """Two launch.sh processes (one per "node", one process each: a target and a drafter) meet
     at 127.0.0.1 and train 4 steps; both exit 0 and the checkpoints and metrics are written."""
     from tests.trainer.test_split import DEMO, free_port, write_config
-    from trainer.config import DemoConfig
-    from trainer.demo import ensure_demo_assets
+    from trainer.settings.config import DemoConfig
+    from trainer.setup.demo import ensure_demo_assets
 
     assets = tmp_path / "assets"
     ensure_demo_assets(assets, DemoConfig(enabled=True, **DEMO))

@@ -123,7 +123,10 @@ def test_tar_on_stdin_lands_in_the_container_only(
     ct_place: ContainerPlace, proxmox: Proxmox
 ) -> None:
     folder = f"/root/dflash-{uuid.uuid4().hex[:8]}"
-    files = {"trainer/model.py": b"print('hi')\n", "odd name $(x) 'q'.txt": b"\x00\xff" * 50_000}
+    files = {
+        "trainer/model/drafter.py": b"print('hi')\n",
+        "odd name $(x) 'q'.txt": b"\x00\xff" * 50_000,
+    }
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name, data in files.items():

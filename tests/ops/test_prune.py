@@ -23,8 +23,8 @@ from dflash_ops.remote.client import delete_runs, site_argv
 from dflash_ops.settings.deploy_config import TargetFlags
 from tests.cli_helpers import REPO, Where, any_where
 from tests.pty_helpers import Terminal
-from trainer.checkpoint import save_checkpoint
-from trainer.config import config_from_dict
+from trainer.model.checkpoint import save_checkpoint
+from trainer.settings.loading import config_from_dict
 
 CFG = config_from_dict({"model": {"target": "/m/t"}, "data": {"path": "/d/x.jsonl"}})
 CT = 231

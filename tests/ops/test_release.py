@@ -26,8 +26,8 @@ def project(tmp_path: Path) -> Path:
     folder = tmp_path / "project"
     (folder / "trainer" / "__pycache__").mkdir(parents=True)
     (folder / "trainer" / "__init__.py").write_text("")
-    (folder / "trainer" / "train.py").write_text("print('train')\n")
-    (folder / "trainer" / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0")
+    (folder / "trainer" / "__main__.py").write_text("print('train')\n")
+    (folder / "trainer" / "__pycache__" / "__main__.cpython-311.pyc").write_bytes(b"\0")
     (folder / "trainer" / "stale.pyc").write_bytes(b"\0")
     return folder
 
@@ -57,7 +57,7 @@ def read(data: bytes, name: str) -> bytes:
 def test_bundle_contents(project: Path) -> None:
     bundle = build_bundle(project, plan=plan(), train=TRAIN, target="local")
     names = members(bundle.data)
-    assert {"trainer/__init__.py", "trainer/train.py", "train.toml", "launch.sh"} <= set(names)
+    assert {"trainer/__init__.py", "trainer/__main__.py", "train.toml", "launch.sh"} <= set(names)
     assert "RELEASE.json" in names and "command.sh" not in names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
     assert names["launch.sh"].mode == 0o755
@@ -68,7 +68,7 @@ def test_bundle_contents(project: Path) -> None:
 
 
 def test_bundle_without_trainer_needs_a_command(tmp_path: Path) -> None:
-    with pytest.raises(ReleaseError, match="train.py"):
+    with pytest.raises(ReleaseError, match="__main__.py"):
         build_bundle(tmp_path, plan=plan(), train={}, target="local")
     bundle = build_bundle(tmp_path, plan=plan(command="echo hi"), train={}, target="local")
     assert read(bundle.data, "command.sh") == b"echo hi\n"
@@ -125,7 +125,7 @@ def test_launch_single_process(tmp_path: Path, fake_python: Path) -> None:
     release = tmp_path / "releases" / launch_plan.release_id
     assert out[0] == str(release)  # cd -P into the release itself
     args = [line[4:] for line in out if line.startswith("arg:")]
-    assert args == ["-m", "trainer.train", "--config", "train.toml", "--out", ckpt]
+    assert args == ["-m", "trainer", "train", "--config", "train.toml", "--out", ckpt]
     assert f"DFLASH_CHECKPOINTS={ckpt}" in out
     assert f"DFLASH_RELEASE={launch_plan.release_id}" in out
     assert not any(line.startswith("DFLASH_TARGET_GPUS") for line in out)
@@ -134,8 +134,8 @@ def test_launch_single_process(tmp_path: Path, fake_python: Path) -> None:
 def test_launch_torchrun_over_gpus(tmp_path: Path, fake_python: Path) -> None:
     out = run_launch(tmp_path, plan(python=str(fake_python), gpus=8, target_gpus=5)).splitlines()
     args = [line[4:] for line in out if line.startswith("arg:")]
-    assert args[:5] == ["-m", "trainer.launcher", "--standalone", "--nproc-per-node", "8"]
-    assert args[5:] == ["-m", "trainer.train", "--config", "train.toml", "--out", "/ck"]
+    assert args[:6] == ["-m", "trainer", "launch", "--standalone", "--nproc-per-node", "8"]
+    assert args[6:] == ["-m", "trainer", "train", "--config", "train.toml", "--out", "/ck"]
     assert "DFLASH_TARGET_GPUS=5" in out and not any(x.startswith("DFLASH_GPUS") for x in out)
 
 
@@ -172,7 +172,7 @@ def test_push_switch_and_keep_five(site: Site, project: Path, tmp_path: Path) ->
     assert releases.current() == ids[-1]
     current = tmp_path / "root" / "current"
     assert os.readlink(current) == f"releases/{ids[-1]}"
-    assert (current / "trainer" / "train.py").read_text() == "print('train')\n"
+    assert (current / "trainer" / "__main__.py").read_text() == "print('train')\n"
     assert tomllib.loads((current / "train.toml").read_text()) == TRAIN
 
 
@@ -223,7 +223,7 @@ def test_a_cpu_job_trains_on_the_cpu_on_a_gpu_machine(tmp_path: Path) -> None:
 
     root = Path(__file__).resolve().parents[2]
     text = (
-        f"{sys.executable} -c 'from trainer.trainer import resolve_device; "
+        f"{sys.executable} -c 'from trainer.run.trainer import resolve_device; "
         'print(resolve_device("auto"))\''
     )
     env = {**os.environ, "PYTHONPATH": str(root)}

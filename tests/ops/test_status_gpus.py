@@ -1,5 +1,5 @@
 """`dflash status` per GPU: nvidia-smi readings at the place (a stand-in executable first on the
-job's PATH) joined with the metrics rows the trainer's own writer (`trainer.metrics`) logs for a
+job's PATH) joined with the metrics rows the trainer's own writer (`trainer.run.metrics`) logs for a
 split run, on this machine, over the loopback SSH host and in a container of the Proxmox
 stand-in; and what happens without nvidia-smi
 or with a driver that does not answer."""
@@ -22,8 +22,8 @@ from torch.distributed import HashStore
 
 from dflash_ops.commands import gpus
 from tests.cli_helpers import Where, container_defaults, kill_tmux_server
-from trainer.distributed import Roles
-from trainer.metrics import GIB, METRICS, RankStats, RoleMetrics, append_row
+from trainer.run.metrics import GIB, METRICS, RankStats, RoleMetrics, append_row
+from trainer.split.roles import Roles
 
 STANDIN = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia_smi_standin"  # copied per test
 STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -1,7 +1,7 @@
 """vLLM's CPU build serves the demo drafter as it was trained and measured (`make serve-test`).
 
 The demo is trained as `make run` trains it (`trainer/configs/demo.toml`), exported in fp32 with
-`python -m trainer.export` (whose printed vLLM command gives K = B − 1), and served by vLLM's
+`python -m trainer export` (whose printed vLLM command gives K = B − 1), and served by vLLM's
 offline API on token-id prompts (`tests/serve/vllm_harness.py`, in the vLLM environment named by
 `DFLASH_SERVE_PYTHON`): the target alone, the drafter with vLLM as it is, and the drafter with
 each layer's `k_norm` applied to its context keys. Then:
@@ -9,7 +9,7 @@ each layer's `k_norm` applied to its context keys. Then:
 - every output, with and without the drafter, is the project's greedy decoding in fp32, token
   for token (lossless, every prompt);
 - with each layer's `k_norm`, vLLM's accepted drafts per verify step are the project's
-  (`python -m trainer.evaluate --engine-report`), step for step, on every prompt: τ_vLLM /
+  (`python -m trainer evaluate --engine-report`), step for step, on every prompt: τ_vLLM /
   τ_project = 1;
 - vLLM's CPU build as it is applies layer 0's `k_norm` to every layer's context keys (one batched
   `rms_norm` over the stacked weights; the CPU kernel reads the first row). The test measures
@@ -31,15 +31,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.config import load_config
-from trainer.data import load_samples
-from trainer.drafters import DFlashDrafter
-from trainer.engine_check import EngineComparison, check_engine
-from trainer.engine_report import EngineRequest, read_report
-from trainer.hf_format import load_for_target
-from trainer.runtime import resolve_demo
-from trainer.speculative import greedy_outputs
-from trainer.target import Target
+from trainer.data.dataset import load_samples
+from trainer.evaluation.drafters import DFlashDrafter
+from trainer.evaluation.engine_check import EngineComparison, check_engine
+from trainer.evaluation.engine_report import EngineRequest, read_report
+from trainer.evaluation.speculative import greedy_outputs
+from trainer.export.hf_format import load_for_target
+from trainer.model.target import Target
+from trainer.settings.loading import load_config
+from trainer.setup.runtime import resolve_demo
 
 pytestmark = pytest.mark.serve
 
@@ -89,12 +89,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
     work = tmp_path_factory.mktemp("serve")
     py = sys.executable
     _run(
-        [py, "-m", "trainer.train", "--config", str(DEMO), "--out", str(work / "run")],
+        [py, "-m", "trainer", "train", "--config", str(DEMO), "--out", str(work / "run")],
         timeout=STEP_TIMEOUT_S,
     )
     drafter = work / "drafter"
     export_stdout = _run(
-        [py, "-m", "trainer.export", "--config", str(DEMO), "--checkpoint", str(work / "run"),
+        [py, "-m", "trainer", "export", "--config", str(DEMO), "--checkpoint", str(work / "run"),
          "--out", str(drafter), "--dtype", "fp32"],
         timeout=STEP_TIMEOUT_S,
     )  # fmt: skip
@@ -133,7 +133,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
 
 @pytest.fixture(scope="module")
 def project(served: Served) -> Project:
-    """The target (fp32, CPU) and the exported folder as `trainer.evaluate --drafter` loads
+    """The target (fp32, CPU) and the exported folder as `trainer.evaluation.evaluate --drafter` loads
     them, and the target's greedy outputs of the prompts, decoded once."""
     config = resolve_demo(load_config(DEMO), served.work / "run")
     target, drafter, _ = load_for_target(served.drafter, config)
@@ -175,9 +175,9 @@ def test_every_output_is_the_targets_greedy_decoding(served: Served, project: Pr
 
 
 def test_with_each_layers_k_norm_vllm_accepts_what_the_project_accepts(served: Served) -> None:
-    """Checked by the command a user runs: `trainer.evaluate --engine-report`, exit 0."""
+    """Checked by the command a user runs: `trainer.evaluation.evaluate --engine-report`, exit 0."""
     argv = [
-        sys.executable, "-m", "trainer.evaluate", "--config", str(DEMO), "--drafter",
+        sys.executable, "-m", "trainer", "evaluate", "--config", str(DEMO), "--drafter",
         str(served.drafter), "--engine-report", str(served.work / "vllm" / "per_layer.jsonl"),
         "--json",
     ]  # fmt: skip

@@ -1,6 +1,6 @@
 """Run inside the vLLM environment of `make serve-test` (`.venv-serve`): serve the demo's target
 with vLLM's offline API three times, in one process, and write one engine report each
-(`trainer.engine_report`, written by `trainer.vllm_report.serve`, the code a user runs):
+(`trainer.evaluation.engine_report`, written by `trainer.evaluation.vllm_report.serve`, the code a user runs):
 
 1. `plain.jsonl`: the target alone (no drafter);
 2. `engine.jsonl`: with the exported drafter, vLLM as it is;
@@ -38,10 +38,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: the project's trainer/ from this checkout
     sys.path.insert(0, str(ROOT))
 
-from trainer.engine_report import write_report  # noqa: E402
-from trainer.eval_prompts import load_prompts  # noqa: E402
-from trainer.serving import num_speculative_tokens  # noqa: E402
-from trainer.vllm_report import engine_args, serve  # noqa: E402
+from trainer.data.eval_prompts import load_prompts  # noqa: E402
+from trainer.evaluation.engine_report import write_report  # noqa: E402
+from trainer.evaluation.vllm_report import engine_args, serve  # noqa: E402
+from trainer.export.serving import num_speculative_tokens  # noqa: E402
 
 
 def per_layer_k_norm(self: Any, all_k: torch.Tensor) -> torch.Tensor:

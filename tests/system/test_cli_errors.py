@@ -83,7 +83,7 @@ def test_restart_before_deploy(tmp_path: Path) -> None:
 
 def test_deploy_without_trainer_or_command(tmp_path: Path) -> None:
     (tmp_path / "deploy.toml").write_text('[job]\nsocket = "dft-never"\n')
-    check_failure(dflash(tmp_path, "deploy"), "train.py")
+    check_failure(dflash(tmp_path, "deploy"), "__main__.py")
     assert not (tmp_path / ".dflash" / "local" / "releases").exists()
 
 

@@ -222,7 +222,7 @@ def test_after_a_fresh_deploy_eval_and_export_name_the_archived_run(
     deployed: Deployed, tmp_path: Path
 ) -> None:
     """The reported case: after a plain redeploy the checkpoints are archived, and eval and
-    export found none, pointing at `python -m trainer.export --help at the place`. They say
+    export found none, pointing at `python -m trainer export --help at the place`. They say
     where the run went, and `--checkpoint <its UTC time>` takes it; the demo's held-out prompts
     need no --prompts."""
     project = tmp_path / "project"

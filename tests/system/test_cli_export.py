@@ -23,9 +23,9 @@ import pytest
 from tests.cli_helpers import REPO, container_defaults, default_sigint, dflash, kill_tmux_server
 from tests.ops.test_doctor import lend_python
 from tests.pty_helpers import Terminal
-from trainer.config import config_from_dict
-from trainer.export import export
-from trainer.trainer import Trainer
+from trainer.export.folder import export
+from trainer.run.trainer import Trainer
+from trainer.settings.loading import config_from_dict
 
 CT = 200
 TRAIN = {

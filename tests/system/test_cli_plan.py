@@ -152,7 +152,7 @@ def test_plan_failure_shows_the_planners_error(deployed: Deployed) -> None:
     finally:
         config.write_text(good)
     assert failed.returncode == 2, failed.stderr
-    assert "python -m trainer.plan" in failed.stderr and "(exit 2)" in failed.stderr
+    assert "python -m trainer plan" in failed.stderr and "(exit 2)" in failed.stderr
     assert "nonsense" in failed.stderr and "hint:" in failed.stderr
     assert failed.stdout == ""
 

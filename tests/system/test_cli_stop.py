@@ -17,7 +17,7 @@ from tests.trainer.test_train import assets, write_toml  # noqa: F401 (a fixture
 def trainer_job(where: Where, config: Path, steps: int, *, stop_timeout: float = 30) -> None:
     """A `[job] command` running this checkout's trainer into the target's checkpoints."""
     command = (
-        f"{sys.executable} -m trainer.train --config {config} "
+        f"{sys.executable} -m trainer train --config {config} "
         f'--out "$DFLASH_CHECKPOINTS" --set run.steps={steps}'
     )
     where.config(command, env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})

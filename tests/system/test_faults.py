@@ -19,7 +19,7 @@ import pytest
 
 from tests.cli_helpers import REPO, Where, container_defaults, kill_tmux_server
 from tests.trainer.test_train import write_toml
-from trainer.checkpoint import find_resumable, verify
+from trainer.model.checkpoint import find_resumable, verify
 
 
 @pytest.fixture
@@ -103,7 +103,8 @@ def trainer_cmd(config: Path, out: Path, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "trainer.train",
+        "trainer",
+        "train",
         "--config",
         str(config),
         "--out",
@@ -153,15 +154,15 @@ def test_sigkill_while_writing_a_checkpoint_resumes_from_the_previous(tmp_path: 
 _FULL_DISK = r"""
 set -u
 mount -t tmpfs -o size=3m tmpfs "$1"
-"$2" -m trainer.train --config "$3" --out "$1/run" --set run.steps=1 --set run.checkpoint_every=1 \
+"$2" -m trainer train --config "$3" --out "$1/run" --set run.steps=1 --set run.checkpoint_every=1 \
   >/dev/null 2>&1 || { echo "first run failed" >&2; exit 9; }
 dd if=/dev/zero of="$1/filler" bs=64k 2>/dev/null
-"$2" -m trainer.train --config "$3" --out "$1/run" --set run.steps=3 --set run.checkpoint_every=1 --set run.extend=true \
+"$2" -m trainer train --config "$3" --out "$1/run" --set run.steps=3 --set run.checkpoint_every=1 --set run.extend=true \
   > "$4/second.out" 2> "$4/second.err"
 echo "exit=$?" > "$4/second.code"
 "$2" -c "
 import json, sys
-from trainer.checkpoint import find_resumable, verify
+from trainer.model.checkpoint import find_resumable, verify
 found = find_resumable(sys.argv[1])
 print(json.dumps({'path': str(found.path), 'ok': verify(found.path)[0] is not None,
                   'step': found.manifest.step}))

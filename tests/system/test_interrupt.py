@@ -213,7 +213,7 @@ DEPLOY = [
     ("python", "python -c import json", False),
     ("lock", "ln -sT -- {", False),
     ("unpack", "tar -x", False),
-    ("check", "python -m trainer.check", False),
+    ("check", "python -m trainer check", False),
     ("stop", None, True),
     ("switch", "mv -T -- releases/", True),
     ("prune", "sort -u", True),

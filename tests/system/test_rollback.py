@@ -25,7 +25,7 @@ from tests.site_helpers import Site, site_fixture, tmux_socket_fixture  # noqa: 
 def project(tmp_path: Path) -> Path:
     folder = tmp_path / "project"
     (folder / "trainer").mkdir(parents=True)
-    (folder / "trainer" / "train.py").write_text("print('train')\n")
+    (folder / "trainer" / "__main__.py").write_text("print('train')\n")
     return folder
 
 

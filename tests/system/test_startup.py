@@ -19,7 +19,7 @@ from dflash_ops.commands.operations import STARTED
 from tests.cli_helpers import REPO, Where, dflash, kill_tmux_server, remote_where
 from tests.system.test_cli_export import train_tables
 from tests.trainer.test_train import assets  # noqa: F401 (a fixture)
-from trainer.stopping import started_line
+from trainer.base.stopping import started_line
 
 # Thirty lines, then a failure: only the last twenty lines come back, the error among them.
 DIES = (

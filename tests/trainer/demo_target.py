@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.config import DemoConfig
-from trainer.demo import ensure_demo_assets
-from trainer.target import Target, load_target
+from trainer.model.target import Target, load_target
+from trainer.settings.config import DemoConfig
+from trainer.setup.demo import ensure_demo_assets
 
 DEMO = DemoConfig(enabled=True, num_samples=8, num_layers=4, prompt_len=6, gen_len=10)
 

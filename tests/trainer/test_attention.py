@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from trainer.attention import (
+from trainer.base.errors import (
+    AttentionBackendUnavailable,
+    AttentionKernelsTooLarge,
+    CompileCacheFull,
+    DenseAttentionTooLarge,
+)
+from trainer.model.attention import (
     FlexKernels,
     bucket_length,
     build_draft_mask,
@@ -17,14 +23,8 @@ from trainer.attention import (
     flex_kernels,
     kernel_options,
 )
-from trainer.config import RunConfig, TrainConfigError
-from trainer.errors import (
-    AttentionBackendUnavailable,
-    AttentionKernelsTooLarge,
-    CompileCacheFull,
-    DenseAttentionTooLarge,
-)
-from trainer.masks import dense_mask
+from trainer.model.masks import dense_mask
+from trainer.settings.config import RunConfig, TrainConfigError
 
 
 def naive_attention(q, k, v, anchors, valid, s, b, *, window=None, causal=False, scale=None):

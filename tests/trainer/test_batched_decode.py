@@ -12,18 +12,18 @@ import pytest
 import torch
 
 from tests.trainer.demo_target import demo_target
-from trainer.config import ModelConfig
-from trainer.drafters import DFlashDrafter, DraftRequest
-from trainer.model import Drafter, shape_from_target
-from trainer.prompt_lookup import PromptLookupDrafter
-from trainer.speculative import (
-    evaluate,
+from trainer.evaluation.drafters import DFlashDrafter, DraftRequest
+from trainer.evaluation.prompt_lookup import PromptLookupDrafter
+from trainer.evaluation.report import evaluate
+from trainer.evaluation.speculative import (
     greedy_decode_many,
     prompt_batches,
     speculative_decode,
     speculative_decode_many,
 )
-from trainer.target import Target
+from trainer.model.drafter import Drafter, shape_from_target
+from trainer.model.target import Target
+from trainer.settings.config import ModelConfig
 
 BLOCK = 4
 

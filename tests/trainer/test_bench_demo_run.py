@@ -1,5 +1,5 @@
 """bench/bench_demo_run.py: the demo job under two variants, interleaved, each timed (wall and
-CPU seconds of the real `trainer.train` process) and summarised per variant."""
+CPU seconds of the real `trainer.commands.train` process) and summarised per variant."""
 
 from __future__ import annotations
 

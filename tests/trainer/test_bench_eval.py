@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import REPO
-from trainer.data import load_samples
+from trainer.data.dataset import load_samples
 
 SCRIPT = REPO / "bench" / "bench_eval.py"
 BLOCK = 4  # the smoke drafter's block size
@@ -73,7 +73,7 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
     assert trained == [s.input_ids for i in range(4) for s in (greedy[i], sampled[i])]
     assert any(greedy[i].input_ids != sampled[i].input_ids for i in range(16))
     assert [p["samples"] for p in result["points"]] == [8, 16]
-    # each trainer.generate run's rate, then plain generate against trainer.decode, same run
+    # each trainer.generation.generate run's rate, then plain generate against trainer.generation.decode, same run
     runs = result["generation"]["trainer_generate"]
     assert [r["data"] for r in runs] == ["generated-unseen", "generated-unseen-t1-p2"]
     for run_row, made in zip(runs, (greedy, sampled), strict=True):
@@ -82,7 +82,10 @@ def test_smoke_points_and_train_data(tmp_path: Path) -> None:
         assert run_row["tokens_per_s"] == run_row["answer_tokens"] / run_row["seconds"]
     engines = result["generation"]["engines"]
     assert engines["prompts"] == 16 and engines["timed_prompts"] == 8  # the first batch warms up
-    assert [r["engine"] for r in engines["rows"]] == ["transformers generate", "trainer.decode"]
+    assert [r["engine"] for r in engines["rows"]] == [
+        "transformers generate",
+        "trainer.generation.decode",
+    ]
     hf, ours = (r["tokens_per_s"] for r in engines["rows"])
     assert all(0 < r["answer_tokens"] <= 8 * 24 for r in engines["rows"])
     assert engines["speedup_vs_generate"] == ours / hf
@@ -339,7 +342,7 @@ def test_recipes_side_by_side_share_one_target_and_data(tmp_path: Path) -> None:
     assert table[2].split("|")[5].strip() == f"{tau:.2f} ({interval[0]:.2f}–{interval[1]:.2f})"
     assert table[2].split("|")[6].strip() == f"{greedy['points'][0]['exported']['tau']:.2f}"
     # mixed against greedy, paired over the same held-out prompts, at each point
-    from trainer.tau_bootstrap import tau_difference
+    from trainer.evaluation.tau_bootstrap import tau_difference
 
     rows = versus.splitlines()
     assert rows[0] == "| recipe | samples | held-out τ − greedy's (95 % paired interval) |"
@@ -373,7 +376,7 @@ def test_summary_reads_results_written_before_the_export_was_measured() -> None:
 
 def test_a_point_on_all_of_one_generated_run_reads_its_shards_in_place(tmp_path: Path) -> None:
     from bench.bench_eval import point_data
-    from trainer.shards import shard_name, write_shard
+    from trainer.data.shards import shard_name, write_shard
 
     folder = tmp_path / "generated"
     folder.mkdir()
@@ -397,8 +400,8 @@ def test_a_point_on_all_of_one_generated_run_reads_its_shards_in_place(tmp_path:
 def test_a_lossless_violation_is_logged_and_tau_still_measured(tmp_path_factory, capsys) -> None:
     from bench.bench_eval import measure
     from tests.trainer.demo_target import demo_target
-    from trainer.prompt_lookup import PromptLookupDrafter
-    from trainer.speculative import greedy_outputs
+    from trainer.evaluation.prompt_lookup import PromptLookupDrafter
+    from trainer.evaluation.speculative import greedy_outputs
 
     target = demo_target(tmp_path_factory)
     prompts = [[5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11]]

@@ -14,16 +14,18 @@ def test_smoke_run_compares_with_plain_generate(tmp_path: Path) -> None:
     assert main(["--smoke", "--out", f"{tmp_path / 'results'}/"]) == 0
     result = json.loads(out.read_text())
     engines = {row["engine"]: row for row in result["rows"]}
-    assert set(engines) == {"transformers generate", "trainer.decode"}
+    assert set(engines) == {"transformers generate", "trainer.generation.decode"}
     assert all(row["answer_tokens"] > 0 and row["tokens_per_s"] > 0 for row in engines.values())
     assert (
         engines["transformers generate"]["answer_tokens"]
-        == engines["trainer.decode"]["answer_tokens"]
+        == engines["trainer.generation.decode"]["answer_tokens"]
     )
     assert result["summary"]["identical_answers"] == 1.0
     assert result["summary"]["ended_early"] >= 1
     assert result["summary"]["speedup_vs_generate"] > 0
-    (row,) = result["pipeline"]  # the whole trainer.generate in one process: the same answers
+    (row,) = result[
+        "pipeline"
+    ]  # the whole trainer.generation.generate in one process: the same answers
     assert row["processes"] == 1 and row["answer_tokens"] == result["summary"]["answer_tokens_kept"]
     (rank_s,) = row["rank_decode_s"]  # read from the rank's own log line
     assert rank_s > 0 and row["tokens_per_s_decode"] > 0

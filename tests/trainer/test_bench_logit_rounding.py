@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from bench.logit_rounding import largest_change, random_target
-from trainer.lossless import HALF_RTOL, TIE_RTOL
+from trainer.evaluation.lossless import HALF_RTOL, TIE_RTOL
 
 
 def test_the_tie_tolerances_lie_above_the_rounding() -> None:

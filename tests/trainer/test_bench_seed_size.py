@@ -111,7 +111,7 @@ def test_bad_caps_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> Non
 def test_attention_pairs_are_the_dense_masks_trues() -> None:
     """Counted per slot, the pairs are exactly the dense mask's: windows narrower and wider
     than a block, causal or not, invalid blocks."""
-    from trainer.masks import batched_dense_mask
+    from trainer.model.masks import batched_dense_mask
 
     gen = torch.Generator().manual_seed(0)
     anchors = torch.sort(torch.randint(1, 200, (2, 37), generator=gen)).values

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from trainer.chat import DEFAULT_TEMPLATE, TemplateOptions, load_tokenizer
-from trainer.data import load_data, load_samples, prepare
-from trainer.demo import build_tokenizer
-from trainer.formats import DataFileError, Sample
+from trainer.data.chat import DEFAULT_TEMPLATE, TemplateOptions, load_tokenizer
+from trainer.data.dataset import load_data, load_samples, prepare
+from trainer.data.formats import DataFileError, Sample
+from trainer.setup.demo import build_tokenizer
 
 END = "<|im_end|>\n"
 # Like Qwen3's: assistant turns before the last user message lose their <think>…</think>.
@@ -158,7 +158,7 @@ def test_nothing_usable_fails_naming_the_first_bad_line(tmp_path: Path) -> None:
 
 
 def test_the_cache_is_reused_until_the_source_or_the_tokenizer_changes(tmp_path: Path) -> None:
-    from trainer.config import config_from_dict
+    from trainer.settings.loading import config_from_dict
 
     folder = tokenizer_dir(tmp_path)
     data = write_jsonl(tmp_path / "chat.jsonl", [chat("hi", "hello")])
@@ -204,9 +204,10 @@ def test_prepare_writes_what_training_reads(tmp_path: Path) -> None:
 
 
 def test_the_trainer_trains_on_a_chat_file_and_caches_it_next_to_the_run(tmp_path: Path) -> None:
-    from trainer.config import DemoConfig, config_from_dict
-    from trainer.demo import build_target
-    from trainer.trainer import Trainer
+    from trainer.run.trainer import Trainer
+    from trainer.settings.config import DemoConfig
+    from trainer.settings.loading import config_from_dict
+    from trainer.setup.demo import build_target
 
     folder = tokenizer_dir(tmp_path)
     build_target(folder, DemoConfig(enabled=True, num_layers=4))
@@ -228,7 +229,7 @@ def test_the_trainer_trains_on_a_chat_file_and_caches_it_next_to_the_run(tmp_pat
 
 
 def test_eval_prompts_from_chat_lines_use_the_same_template_options(tmp_path: Path) -> None:
-    from trainer.eval_prompts import load_prompts
+    from trainer.data.eval_prompts import load_prompts
 
     folder = tokenizer_dir(tmp_path, THINKING)
     data = write_jsonl(tmp_path / "prompts.jsonl", [chat("q", "a")])

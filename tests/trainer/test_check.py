@@ -1,4 +1,4 @@
-"""`python -m trainer.check`: each mistake is caught before anything loads, named by its key and
+"""`python -m trainer check`: each mistake is caught before anything loads, named by its key and
 file, with the fix; a good config passes with a short summary. Real files: a tiny Qwen3 target
 saved with `save_pretrained`, the demo's byte-level tokenizer, JSONL written here."""
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import REPO
-from trainer.check import main
-from trainer.config import DemoConfig
-from trainer.data import load_samples
-from trainer.demo import build_target, build_tokenizer
-from trainer.formats import Sample, write_samples
+from trainer.commands.check import main
+from trainer.data.dataset import load_samples
+from trainer.data.formats import Sample, write_samples
+from trainer.settings.config import DemoConfig
+from trainer.setup.demo import build_target, build_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_a_good_config_passes_with_a_summary(tmp_path: Path, target: Path) -> No
     """In a fresh interpreter, as the deploy runs it: tokenized data never imports torch."""
     path = config(tmp_path, target, tokenized(tmp_path))
     probe = (
-        "import sys; from trainer.check import main; rc = main(sys.argv[1:]); "
+        "import sys; from trainer.commands.check import main; rc = main(sys.argv[1:]); "
         "print('torch imported:', 'torch' in sys.modules); sys.exit(rc)"
     )
     result = subprocess.run(
@@ -193,8 +193,8 @@ def test_token_ids_past_the_targets_vocabulary_are_caught(
 def test_the_trainer_stops_before_loading_the_target_naming_the_missing_data(
     tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from trainer.train import _os_error_hint
-    from trainer.train import main as train
+    from trainer.commands.train import _os_error_hint
+    from trainer.commands.train import main as train
 
     missing = tmp_path / "gone.jsonl"
     code = train(["--config", str(config(tmp_path, target, missing)), "--out", str(tmp_path / "r")])
@@ -210,8 +210,8 @@ def test_the_trainer_stops_before_loading_the_target_naming_the_missing_data(
 def test_a_shard_folder_passes_and_a_folder_without_shards_is_named(
     tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """data.path may be the --out folder of trainer.generate; any other folder is refused."""
-    from trainer.shards import write_shard
+    """data.path may be the --out folder of trainer.generation.generate; any other folder is refused."""
+    from trainer.data.shards import write_shard
 
     shards = tmp_path / "generated"
     shards.mkdir()

@@ -10,9 +10,9 @@ import signal
 import pytest
 import torch
 
-from trainer import checkpoint as ckpt
-from trainer.config import config_from_dict, with_overrides
-from trainer.model import DRAFTER_FORMAT
+from trainer.model import checkpoint as ckpt
+from trainer.model.drafter import DRAFTER_FORMAT
+from trainer.settings.loading import config_from_dict, with_overrides
 
 CFG = config_from_dict({"model": {"target": "/m/t"}, "data": {"path": "/d/x.jsonl"}})
 

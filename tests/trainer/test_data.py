@@ -8,8 +8,7 @@ import json
 import pytest
 import torch
 
-from trainer.config import DataConfig
-from trainer.data import (
+from trainer.data.dataset import (
     IGNORE,
     BatchStream,
     DataPosition,
@@ -23,7 +22,8 @@ from trainer.data import (
     prepare,
     write_samples,
 )
-from trainer.demo import build_tokenizer
+from trainer.settings.config import DataConfig
+from trainer.setup.demo import build_tokenizer
 
 
 def test_anchor_candidates_need_next_supervised() -> None:

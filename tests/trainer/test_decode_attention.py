@@ -1,4 +1,4 @@
-"""The static engine's step attention (`trainer.decode_attention`) against attention written out
+"""The static engine's step attention (`trainer.generation.decode_attention`) against attention written out
 in float64 with every key head repeated for its query heads: values and gradients, masks with
 holes, a cache whose unwritten tail is NaN (never read); a multimodal model's decoder alone is
 switched to it. Decoding through it: `tests/trainer/test_generate.py`."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.decode_attention import NAME, grouped_decoding, grouped_step_attention
+from trainer.generation.decode_attention import NAME, grouped_decoding, grouped_step_attention
 
 
 def reference(

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.config import DemoConfig, load_config, with_overrides
-from trainer.data import load_samples
-from trainer.demo import HELDOUT, HELDOUT_PROMPTS, MARKER, ensure_demo_assets
-from trainer.target import load_target
-from trainer.trainer import Trainer
+from trainer.data.dataset import load_samples
+from trainer.model.target import load_target
+from trainer.run.trainer import Trainer
+from trainer.settings.config import DemoConfig
+from trainer.settings.loading import load_config, with_overrides
+from trainer.setup.demo import HELDOUT, HELDOUT_PROMPTS, MARKER, ensure_demo_assets
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "assets" / "losses" / "demo.json"

@@ -10,13 +10,13 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from tests.trainer.demo_target import demo_target
-from trainer.config import ModelConfig
-from trainer.draft_cost import draft_cost, net_speedup
-from trainer.drafters import DFlashDrafter
-from trainer.model import Drafter, shape_from_target
-from trainer.prompt_lookup import PromptLookupDrafter
-from trainer.speculative import EvalReport, evaluate
-from trainer.target import Target
+from trainer.evaluation.draft_cost import draft_cost, net_speedup
+from trainer.evaluation.drafters import DFlashDrafter
+from trainer.evaluation.prompt_lookup import PromptLookupDrafter
+from trainer.evaluation.report import EvalReport, evaluate
+from trainer.model.drafter import Drafter, shape_from_target
+from trainer.model.target import Target
+from trainer.settings.config import ModelConfig
 
 H, HEADS, KV, HEAD_DIM, MLP, VOCAB = 64, 4, 2, 16, 96, 300
 

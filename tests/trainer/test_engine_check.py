@@ -12,13 +12,24 @@ import pytest
 import torch
 
 from tests.trainer.demo_target import demo_target
-from trainer.config import ModelConfig
-from trainer.drafters import DFlashDrafter
-from trainer.engine_check import Parting, accepted_counts, check_engine, drafter_at, parting
-from trainer.engine_report import EngineReportError, EngineRequest, read_report, write_report
-from trainer.model import Drafter, shape_from_target
-from trainer.speculative import greedy_outputs, speculative_decode_many
-from trainer.target import Target
+from trainer.evaluation.drafters import DFlashDrafter
+from trainer.evaluation.engine_check import (
+    Parting,
+    accepted_counts,
+    check_engine,
+    drafter_at,
+    parting,
+)
+from trainer.evaluation.engine_report import (
+    EngineReportError,
+    EngineRequest,
+    read_report,
+    write_report,
+)
+from trainer.evaluation.speculative import greedy_outputs, speculative_decode_many
+from trainer.model.drafter import Drafter, shape_from_target
+from trainer.model.target import Target
+from trainer.settings.config import ModelConfig
 
 BLOCK = 4
 NEW = 12

@@ -12,20 +12,17 @@ import pytest
 import torch
 
 from tests.trainer.demo_target import demo_target
-from trainer.config import ModelConfig
-from trainer.drafters import DFlashDrafter
-from trainer.eval_prompts import PromptFileError, load_prompts
-from trainer.evaluate import compare
-from trainer.lossless import LosslessViolation, check_output
-from trainer.model import Drafter, shape_from_target
-from trainer.prompt_lookup import PromptLookupDrafter
-from trainer.speculative import (
-    evaluate,
-    greedy_decode,
-    speculative_decode,
-)
-from trainer.target import Target
-from trainer.tau_bootstrap import prompt_counts, tau_difference, tau_interval
+from trainer.data.eval_prompts import PromptFileError, load_prompts
+from trainer.evaluation.drafters import DFlashDrafter
+from trainer.evaluation.evaluate import compare
+from trainer.evaluation.lossless import LosslessViolation, check_output
+from trainer.evaluation.prompt_lookup import PromptLookupDrafter
+from trainer.evaluation.report import evaluate
+from trainer.evaluation.speculative import greedy_decode, speculative_decode
+from trainer.evaluation.tau_bootstrap import prompt_counts, tau_difference, tau_interval
+from trainer.model.drafter import Drafter, shape_from_target
+from trainer.model.target import Target
+from trainer.settings.config import ModelConfig
 
 BLOCK = 4
 

@@ -18,14 +18,16 @@ from pathlib import Path
 import pytest
 import torch
 
-import trainer.data as data_module
-from trainer.config import TrainConfigError, config_from_dict
-from trainer.data import load_samples
-from trainer.drafters import DFlashDrafter
-from trainer.eval_prompts import prompt_of_sample
-from trainer.speculative import EvalReport, evaluate, greedy_decode
-from trainer.target import Target
-from trainer.trainer import Trainer
+import trainer.data.dataset as data_module
+from trainer.data.dataset import load_samples
+from trainer.data.eval_prompts import prompt_of_sample
+from trainer.evaluation.drafters import DFlashDrafter
+from trainer.evaluation.report import EvalReport, evaluate
+from trainer.evaluation.speculative import greedy_decode
+from trainer.model.target import Target
+from trainer.run.trainer import Trainer
+from trainer.settings.config import TrainConfigError
+from trainer.settings.loading import config_from_dict
 
 BLOCK = 4
 BASE = {
@@ -173,7 +175,7 @@ def test_eval_settings_are_checked(assets) -> None:
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     return subprocess.run(
-        [sys.executable, "-m", "trainer.evaluate", *args],
+        [sys.executable, "-m", "trainer", "evaluate", *args],
         capture_output=True,
         text=True,
         env=env,

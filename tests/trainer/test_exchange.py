@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.data import DataPosition
-from trainer.distributed import DistributedSetupError, roles_from_env
-from trainer.exchange import Header, header_for, pack_ints, payload, unpack
-from trainer.pipeline import Features
-from trainer.segments import batch_index, position_of
+from trainer.data.dataset import DataPosition
+from trainer.run.target_worker import Features
+from trainer.split.exchange import Header, header_for, pack_ints, payload, unpack
+from trainer.split.roles import DistributedSetupError, roles_from_env
+from trainer.split.segments import batch_index, position_of
 
 
 def test_roles_targets_first() -> None:

@@ -16,18 +16,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import checkpoint as ckpt
-from trainer.config import config_from_dict
-from trainer.data import load_samples
-from trainer.drafters import DFlashDrafter
-from trainer.engine_report import EngineRequest, write_report
-from trainer.eval_prompts import prompt_of_sample
-from trainer.export import ExportRefused, export
-from trainer.hf_format import DrafterFolderError, hf_tensors, load_folder, write_folder
-from trainer.model import DRAFTER_FORMAT
-from trainer.speculative import evaluate, speculative_decode_many
-from trainer.target import default_target_layers
-from trainer.trainer import Trainer
+from trainer.data.dataset import load_samples
+from trainer.data.eval_prompts import prompt_of_sample
+from trainer.evaluation.drafters import DFlashDrafter
+from trainer.evaluation.engine_report import EngineRequest, write_report
+from trainer.evaluation.report import evaluate
+from trainer.evaluation.speculative import speculative_decode_many
+from trainer.export.folder import ExportRefused, export
+from trainer.export.hf_format import DrafterFolderError, hf_tensors, load_folder, write_folder
+from trainer.model import checkpoint as ckpt
+from trainer.model.drafter import DRAFTER_FORMAT
+from trainer.model.target import default_target_layers
+from trainer.run.trainer import Trainer
+from trainer.settings.loading import config_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = {
@@ -249,15 +250,17 @@ def test_a_failed_write_leaves_nothing(tmp_path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def run_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run_verb(verb: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m trainer VERB …`, as the place runs it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", module, *args], capture_output=True, text=True, env=env, timeout=240
-    )
+        [sys.executable, "-m", "trainer", verb, *args],
+        capture_output=True, text=True, env=env, timeout=240,
+    )  # fmt: skip
 
 
 def served_by(lines: list[str], engine: str) -> list[str]:
-    """The argv of the command line `trainer.export` printed for `engine`."""
+    """The argv of the command line `python -m trainer export` printed for `engine`."""
     return shlex.split(next(x for x in lines if x.startswith(f"  {engine}: ")).split(": ", 1)[1])
 
 
@@ -275,7 +278,7 @@ def test_entry_points_export_and_evaluate_the_folder(run, tmp_path) -> None:
     raw = {k: dict(v) for k, v in RAW.items()}
     raw["demo"]["folder"] = trainer.config.demo.folder
     cfg = write_toml(raw, tmp_path / "c.toml")
-    proc = run_module("trainer.export", "--config", str(cfg), "--checkpoint", str(out),
+    proc = run_verb("export", "--config", str(cfg), "--checkpoint", str(out),
                       "--out", str(tmp_path / "d"), "--dtype", "fp32")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -292,17 +295,17 @@ def test_entry_points_export_and_evaluate_the_folder(run, tmp_path) -> None:
     rows = load_samples(trainer.config.data.path)[:3]
     prompts.write_text("".join(json.dumps({"input_ids": r.input_ids[:6]}) + "\n" for r in rows))
     common = ["--config", str(cfg), "--prompts", str(prompts), "--max-new-tokens", "12", "--json"]
-    by_folder = run_module("trainer.evaluate", *common, "--drafter", str(tmp_path / "d"))
-    by_ckpt = run_module("trainer.evaluate", *common, "--checkpoint", str(out))
+    by_folder = run_verb("evaluate", *common, "--drafter", str(tmp_path / "d"))
+    by_ckpt = run_verb("evaluate", *common, "--checkpoint", str(out))
     assert by_folder.returncode == 0 and by_ckpt.returncode == 0, by_folder.stderr
     assert json.loads(by_folder.stdout)["tau"] == json.loads(by_ckpt.stdout)["tau"]
-    again = run_module("trainer.export", "--config", str(cfg), "--checkpoint", str(out),
+    again = run_verb("export", "--config", str(cfg), "--checkpoint", str(out),
                        "--out", str(tmp_path / "d"))  # fmt: skip
     assert again.returncode == 2 and "exists" in again.stderr
 
 
 def test_the_entry_point_checks_an_engine_report_of_the_folder(run, tmp_path) -> None:
-    """`trainer.evaluate --engine-report`: a report of what the project decodes with the folder
+    """`trainer.evaluation.evaluate --engine-report`: a report of what the project decodes with the folder
     agrees (exit 0); one accepted count changed parts at its request and step (exit 1)."""
     trainer, out = run
     raw = {k: dict(v) for k, v in RAW.items()}
@@ -320,14 +323,14 @@ def test_the_entry_point_checks_an_engine_report_of_the_folder(run, tmp_path) ->
         EngineRequest(p, d.tokens, 12, d.accepted, 3) for p, d in zip(prompts, decoded, strict=True)
     ]
     args = ["--config", str(cfg), "--drafter", str(folder), "--engine-report"]
-    agree = run_module("trainer.evaluate", *args, str(write_report(tmp_path / "r.jsonl", requests)))
+    agree = run_verb("evaluate", *args, str(write_report(tmp_path / "r.jsonl", requests)))
     assert agree.returncode == 0, agree.stderr
     assert "acceptance: 3/3 requests equal step for step" in agree.stdout
     assert agree.stdout.rstrip().endswith("engine and project agree")
     changed = list(requests[1].accepted or [])
     changed[0] = (changed[0] + 1) % 4
     requests[1] = replace(requests[1], accepted=changed)
-    part = run_module("trainer.evaluate", *args, str(write_report(tmp_path / "p.jsonl", requests)))
+    part = run_verb("evaluate", *args, str(write_report(tmp_path / "p.jsonl", requests)))
     assert part.returncode == 1, part.stderr
     assert (
         f"request 1: acceptance parts at verify step 0 (engine accepted {changed[0]}" in part.stdout

@@ -12,11 +12,11 @@ import torch
 from transformers import LlamaConfig, Qwen3Config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from trainer.config import ModelConfig
-from trainer.errors import UnsupportedTarget
-from trainer.hf_format import hf_config
-from trainer.model import Drafter, check_target_supported, shape_from_target
-from trainer.rope import RopeSpec, inv_freq
+from trainer.base.errors import UnsupportedTarget
+from trainer.export.hf_format import hf_config
+from trainer.model.drafter import Drafter, check_target_supported, shape_from_target
+from trainer.model.rope import RopeSpec, inv_freq
+from trainer.settings.config import ModelConfig
 
 LLAMA3 = {
     "rope_type": "llama3",
@@ -127,9 +127,9 @@ def test_resuming_a_drafter_without_qk_norm_is_refused() -> None:
     """A format-1 drafter of a Llama target had no q/k norms: resuming it names the tensors."""
     from dataclasses import replace
 
-    from trainer.config import config_from_dict
-    from trainer.errors import TrainerError
-    from trainer.pipeline import DrafterWorker
+    from trainer.base.errors import TrainerError
+    from trainer.run.pipeline import DrafterWorker
+    from trainer.settings.loading import config_from_dict
 
     shape = drafter_for(llama()).shape
     old = Drafter(replace(shape, qk_norm=False))

@@ -20,13 +20,14 @@ import torch
 
 from tests.signal_helpers import handlers_installed
 from tests.trainer.hybrid_target import hybrid_model
-from trainer.config import DemoConfig, load_config
-from trainer.decode import Sampling, decode_batch, length_batches, static_unsupported
-from trainer.decode_attention import COLUMN_BLOCK, NAME, grouped_decoding
-from trainer.demo import ensure_demo_assets
-from trainer.generate import main
-from trainer.shards import MANIFEST, ShardSamples, finished_shards
-from trainer.target import load_target
+from trainer.data.shards import MANIFEST, ShardSamples, finished_shards
+from trainer.generation.decode import Sampling, decode_batch, length_batches, static_unsupported
+from trainer.generation.decode_attention import COLUMN_BLOCK, NAME, grouped_decoding
+from trainer.generation.generate import main
+from trainer.model.target import load_target
+from trainer.settings.config import DemoConfig
+from trainer.settings.loading import load_config
+from trainer.setup.demo import ensure_demo_assets
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = DemoConfig(enabled=True, num_samples=8, num_layers=2, prompt_len=6, gen_len=8)
@@ -304,7 +305,7 @@ def test_a_killed_generation_resumes_without_losing_or_rewriting_a_shard(
 ) -> None:
     cfg, prompts = write_config(tmp_path, target_dir), write_prompts(tmp_path / "p.jsonl", 60)
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "trainer.generate", "--config", str(cfg), "--prompts",
+    argv = [sys.executable, "-m", "trainer", "generate", "--config", str(cfg), "--prompts",
             str(prompts), "--out", str(out), "--max-new-tokens", "30", "--batch-size", "1",
             "--shard-size", "2", "--log-every", "0"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -341,7 +342,7 @@ def test_an_interrupt_at_any_moment_of_the_start_up_ends_the_generation_with_one
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
     def start(out: Path) -> subprocess.Popen[str]:
-        argv = [sys.executable, "-m", "trainer.generate", "--config", str(cfg), "--prompts",
+        argv = [sys.executable, "-m", "trainer", "generate", "--config", str(cfg), "--prompts",
                 str(prompts), "--out", str(out), "--max-new-tokens", "8", "--batch-size", "1",
                 "--shard-size", "1", "--log-every", "0"]  # fmt: skip
         return subprocess.Popen(
@@ -377,7 +378,7 @@ def test_an_interrupt_at_any_moment_of_the_start_up_ends_the_generation_with_one
 def test_the_trainer_trains_from_shards_and_says_when_data_repeats(
     tmp_path: Path, target_dir: Path
 ) -> None:
-    from trainer.trainer import Trainer
+    from trainer.run.trainer import Trainer
 
     cfg, prompts = write_config(tmp_path, target_dir), write_prompts(tmp_path / "p.jsonl", 9)
     assert run_cli(cfg, prompts, tmp_path / "data", "--shard-size", "4") == 0
@@ -397,7 +398,7 @@ def test_the_trainer_trains_from_shards_and_says_when_data_repeats(
 
 
 def repeat_line(epoch: int, samples: int) -> str:
-    from trainer.data import repeat_note
+    from trainer.data.dataset import repeat_note
 
     return repeat_note(epoch - 1, samples)
 
@@ -411,7 +412,7 @@ def test_torchrun_ranks_share_the_shards_and_write_what_one_process_writes(
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     two = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "trainer.generate", *flags, "--out", str(tmp_path / "two")],
+         "-m", "trainer", "generate", *flags, "--out", str(tmp_path / "two")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert two.returncode == 0, two.stderr[-2000:]
@@ -445,7 +446,7 @@ def test_enable_thinking_reaches_a_template_that_has_the_switch(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from trainer.prompt_file import Renderer
+    from trainer.data.prompt_file import Renderer
 
     tok = AutoTokenizer.from_pretrained(str(target_dir))
     tok.chat_template = (

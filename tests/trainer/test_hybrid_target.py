@@ -14,11 +14,13 @@ import pytest
 import torch
 
 from tests.trainer.hybrid_target import save_multimodal_hybrid
-from trainer import check, evaluate, generate
-from trainer.config import load_config
-from trainer.export import export
-from trainer.target import load_target
-from trainer.trainer import Trainer
+from trainer.commands import check
+from trainer.evaluation import evaluate
+from trainer.export.folder import export
+from trainer.generation import generate
+from trainer.model.target import load_target
+from trainer.run.trainer import Trainer
+from trainer.settings.loading import load_config
 
 
 def test_a_hybrid_image_text_checkpoint_goes_from_prompts_to_a_served_folder(

@@ -1,4 +1,4 @@
-"""`trainer.linear_attention`: what `transformers` bound for a hybrid target's linear-attention
+"""`trainer.model.linear_attention`: what `transformers` bound for a hybrid target's linear-attention
 layers, read from its own kernel wrapper, and the optional `kernels` extra that brings the fast
 path without which everything still installs and runs (the reference)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.hybrid_target import hybrid_model
-from trainer.linear_attention import describe, has_linear_attention, kernel_of, linear_layers
+from trainer.model.linear_attention import describe, has_linear_attention, kernel_of, linear_layers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,6 +68,8 @@ def test_the_kernels_extra_is_optional_and_pulls_no_torch() -> None:
     assert project["optional-dependencies"]["kernels"] == ["fla-core>=0.5.0"]
 
 
-@pytest.mark.parametrize("module", ["trainer.linear_attention", "trainer.check", "trainer.train"])
+@pytest.mark.parametrize(
+    "module", ["trainer.model.linear_attention", "trainer.commands.check", "trainer.commands.train"]
+)
 def test_the_trainer_imports_without_the_kernels(module: str) -> None:
     importlib.import_module(module)

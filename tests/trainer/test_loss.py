@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.loss import IGNORE_INDEX, dflash_loss
+from trainer.loss.dflash_loss import IGNORE_INDEX, dflash_loss
 
 
 def reference(hidden, weight, labels, *, gamma, target_hidden=None, kl_weight=0.0, cap_weight=0.0):
@@ -269,7 +269,7 @@ def test_compiled_chunk_kernels_match_reference():
 def test_parts_with_the_batch_norms_add_up_to_the_batch(weights):
     """Gradient accumulation: each part's loss over the whole batch's W and C; the parts'
     losses, terms and gradients sum to the reference of the whole batch."""
-    from trainer.loss import loss_norms
+    from trainer.loss.dflash_loss import loss_norms
 
     hidden, weight, target, labels = make(n=9, seed=4)
     labels[4, 1] = IGNORE_INDEX  # a block that cap leaves out

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from tests.trainer.demo_target import demo_target
-from trainer.lossless import LosslessViolation, check_output, tie_tolerance
-from trainer.prompt_lookup import PromptLookupDrafter
-from trainer.speculative import evaluate, greedy_decode
-from trainer.target import Target
+from trainer.evaluation.lossless import LosslessViolation, check_output, tie_tolerance
+from trainer.evaluation.prompt_lookup import PromptLookupDrafter
+from trainer.evaluation.report import evaluate
+from trainer.evaluation.speculative import greedy_decode
+from trainer.model.target import Target
 
 PROMPT = [17, 4, 99, 23, 61, 8]
 NEW = 8

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_mask
 
-from trainer.masks import batched_dense_mask, dense_mask, draft_mask_mod
+from trainer.model.masks import batched_dense_mask, dense_mask, draft_mask_mod
 
 
 def rows(*lines: str) -> torch.Tensor:

@@ -19,10 +19,10 @@ import pytest
 
 from tests.trainer.test_probe import scalars
 from tests.trainer.test_train import assets, tiny_config, write_toml  # noqa: F401 (a fixture)
-from trainer.checkpoint import find_resumable
-from trainer.curves import available
-from trainer.metrics import ASIDE, truncate_rows
-from trainer.trainer import Trainer
+from trainer.model.checkpoint import find_resumable
+from trainer.run.curves import available
+from trainer.run.metrics import ASIDE, truncate_rows
+from trainer.run.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ def test_resume_after_a_torn_line_says_so_and_continues(tmp_path, assets) -> Non
 _FILL_AND_FREE = r"""
 set -u
 mount -t tmpfs -o size=6m tmpfs "$1" 2>"$4/mount.err" || exit 77
-"$2" -m trainer.train --config "$3" --out "$1/run" --set run.steps=100000 \
+"$2" -m trainer train --config "$3" --out "$1/run" --set run.steps=100000 \
   --set run.checkpoint_every=20 > "$4/first.out" 2> "$4/first.err" &
 pid=$!
 n=0
@@ -77,9 +77,9 @@ wait "$pid"; echo "$?" > "$4/first.code"
 cp "$1/run/metrics.jsonl" "$4/metrics.full"
 rm -f "$1/filler"
 step=$("$2" -c "
-import sys; from trainer.checkpoint import find_resumable
+import sys; from trainer.model.checkpoint import find_resumable
 print(find_resumable(sys.argv[1]).manifest.step)" "$1/run")
-"$2" -m trainer.train --config "$3" --out "$1/run" --set run.steps=$((step + 2)) \
+"$2" -m trainer train --config "$3" --out "$1/run" --set run.steps=$((step + 2)) \
   --set run.extend=true --set run.checkpoint_every=1 > "$4/second.out" 2> "$4/second.err"
 echo "$?" > "$4/second.code"
 echo "$step" > "$4/step"
@@ -128,7 +128,16 @@ def steps_of(path: Path) -> list[int]:
 
 
 def trainer_argv(config: Path, out: Path, *sets: str) -> list[str]:
-    argv = [sys.executable, "-m", "trainer.train", "--config", str(config), "--out", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "trainer",
+        "train",
+        "--config",
+        str(config),
+        "--out",
+        str(out),
+    ]
     for item in sets:
         argv += ["--set", item]
     return argv

@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from trainer.config import ModelConfig, TrainConfigError
-from trainer.model import Drafter, shape_from_target
-from trainer.target import default_target_layers, load_target
+from trainer.model.drafter import Drafter, shape_from_target
+from trainer.model.target import default_target_layers, load_target
+from trainer.settings.config import ModelConfig, TrainConfigError
 
 V, H, B = 97, 32, 4
 
@@ -158,7 +158,7 @@ def test_slot_positions_follow_anchor() -> None:
 def test_bf16_autocast_forward_and_backward(monkeypatch) -> None:
     """The CUDA recipe (fp32 params, bf16 autocast, bf16 target tensors), run on the CPU.
     FlexAttention is not an autocast op: q, k, v must reach it in one dtype."""
-    import trainer.model as model_module
+    import trainer.model.drafter as model_module
 
     seen = []
 
@@ -256,7 +256,7 @@ def test_compiled_layers_match_eager_values_and_gradients(sliding: bool) -> None
 
 def test_compiled_layers_fail_loudly_when_their_compile_cache_is_full() -> None:
     """A layer that meets more shapes than dynamo's limit raises CompileCacheFull naming it."""
-    from trainer.errors import CompileCacheFull
+    from trainer.base.errors import CompileCacheFull
 
     config = torch._dynamo.config
     torch._dynamo.reset()

@@ -1,6 +1,6 @@
 """A drafter folder means the same to SpecForge's `DFlashDraftModel` as to ours
 (`bench/peer_interop.check`, on the CPU, SpecForge installed in a private folder): this
-project's exported folder (`trainer.export`; a trained demo drafter with a sliding-window layer
+project's exported folder (`trainer.export.folder`; a trained demo drafter with a sliding-window layer
 and grouped key/value heads) loads into SpecForge's class key for key, strictly, and gives the
 same block logits; a folder SpecForge's own `save_pretrained` writes loads into ours with the
 same weights and logits; a folder with a tensor too many or too few is refused by both."""
@@ -18,9 +18,9 @@ import torch
 
 from tests.trainer import test_export
 from tests.trainer.peer_site import FETCH, install
-from trainer.data import load_samples
-from trainer.hf_format import load_folder, tensor_names
-from trainer.trainer import Trainer
+from trainer.data.dataset import load_samples
+from trainer.export.hf_format import load_folder, tensor_names
+from trainer.run.trainer import Trainer
 
 BOUND = 1e-5  # fp32 on both sides; the two implementations order a few reductions differently
 run = test_export.run  # the trained demo drafter, and its exported folder
@@ -79,7 +79,7 @@ def test_a_tensor_too_many_or_too_few_is_refused_by_both(specforge, run, exporte
     from safetensors.torch import load_file, save_file
 
     from bench.peer_interop import specforge_model
-    from trainer.hf_format import DrafterFolderError
+    from trainer.export.hf_format import DrafterFolderError
 
     state = load_file(str(exported / "model.safetensors"))
     extra = {**state, "layers.0.self_attn.extra.weight": torch.zeros(2)}

@@ -1,4 +1,4 @@
-"""`trainer.plan`: the split arithmetic, and a real measurement of both roles on a tiny demo
+"""`trainer.commands.plan`: the split arithmetic, and a real measurement of both roles on a tiny demo
 target printing every split of a node."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from trainer.plan import Rates, colocated, format_report, main, predict, report
-from trainer.split_rule import default_target_gpus
+from trainer.commands.plan import Rates, colocated, format_report, main, predict, report
+from trainer.split.split_rule import default_target_gpus
 
 
 def rates(rt: float, rd: float) -> Rates:
@@ -75,7 +75,7 @@ def test_report_names_the_default_split_beside_the_best() -> None:
 def test_report_marks_the_default_of_the_model_shapes_and_says_its_flops() -> None:
     """With the roles' work per token known, the default row is theirs (here a target costing
     six times the drafter: 6 + 2 of 8 beside ⌊G/2⌋'s 4), and the report says the two figures."""
-    from trainer.split_shapes import RoleWork
+    from trainer.split.split_shapes import RoleWork
 
     work = RoleWork(target_flops=60e9, drafter_flops=10e9, tokens=49152)
     r = report(rates(4.3e3, 7.2e3), 8, work=work)
@@ -102,8 +102,8 @@ def test_the_report_names_the_memory_of_a_rank_where_it_was_measured() -> None:
 
 def test_plan_measures_a_tiny_config(tmp_path, capsys) -> None:
     from tests.trainer.test_split import DEMO, write_config
-    from trainer.config import DemoConfig
-    from trainer.demo import ensure_demo_assets
+    from trainer.settings.config import DemoConfig
+    from trainer.setup.demo import ensure_demo_assets
 
     assets = tmp_path / "assets"
     ensure_demo_assets(assets, DemoConfig(enabled=True, **DEMO))
@@ -113,8 +113,8 @@ def test_plan_measures_a_tiny_config(tmp_path, capsys) -> None:
     )
     r = json.loads(capsys.readouterr().out)
     assert r["rates"]["r_target"] > 0 and r["rates"]["r_drafter"] > 0
-    from trainer.config import load_config
-    from trainer.split_shapes import role_work
+    from trainer.settings.loading import load_config
+    from trainer.split.split_shapes import role_work
 
     work = role_work(load_config(cfg))  # the demo's shapes: the default row is theirs
     assert r["default_from"] == {**vars(work)}
@@ -129,8 +129,8 @@ def test_every_shape_of_the_timed_batches_is_warmed_up_first() -> None:
     get one untimed step first, each once."""
     import torch
 
-    from trainer.data import Batch
-    from trainer.plan import warmup_batches
+    from trainer.commands.plan import warmup_batches
+    from trainer.data.dataset import Batch
 
     def batch(length: int, anchors: int) -> Batch:
         return Batch(

@@ -15,12 +15,13 @@ import torch
 
 from tests.cli_helpers import dflash
 from tests.trainer.test_evaluate_train import BLOCK, make_config
-from trainer.config import TrainConfigError, config_from_dict
-from trainer.curves import TrainingCurves, available
-from trainer.model import Drafter
-from trainer.probe import MEMORISING, MemorisationRule, ProbeReport, TauProbe, spread
-from trainer.speculative import EvalReport
-from trainer.trainer import Trainer
+from trainer.evaluation.report import EvalReport
+from trainer.model.drafter import Drafter
+from trainer.run.curves import TrainingCurves, available
+from trainer.run.probe import MEMORISING, MemorisationRule, ProbeReport, TauProbe, spread
+from trainer.run.trainer import Trainer
+from trainer.settings.config import TrainConfigError
+from trainer.settings.loading import config_from_dict
 
 STEPS = 40
 # 8 demo samples from a 2-layer random target: 4 trained on (10 epochs), 4 held out

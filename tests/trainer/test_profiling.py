@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.test_train import tiny_config
-from trainer.config import TrainConfigError, config_from_dict
-from trainer.profiling import by_kind, kind_of
-from trainer.trainer import Trainer
+from trainer.run.profiling import by_kind, kind_of
+from trainer.run.trainer import Trainer
+from trainer.settings.config import TrainConfigError
+from trainer.settings.loading import config_from_dict
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.prompt_lookup import PromptLookupDrafter, baseline_drafter, lookup
+from trainer.evaluation.prompt_lookup import PromptLookupDrafter, baseline_drafter, lookup
 
 
 def propose(seq: list[int], k: int = 3, *, max_n: int = 4, min_n: int = 1) -> list[int]:

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from tests.trainer.test_train import assets, tiny_config  # noqa: F401 (a fixture)
-from trainer.checkpoint import RunFinished, ScheduleChanged, find_resumable
-from trainer.pipeline import lr_at
-from trainer.trainer import Trainer
+from trainer.model.checkpoint import RunFinished, ScheduleChanged, find_resumable
+from trainer.run.pipeline import lr_at
+from trainer.run.trainer import Trainer
 
 
 def quiet(_: str) -> None:

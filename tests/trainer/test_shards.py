@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import DataConfig
-from trainer.data import BatchStream, Sample, load_samples, repeat_note
-from trainer.shards import (
+from trainer.data.dataset import BatchStream, Sample, load_samples, repeat_note
+from trainer.data.shards import (
     Shard,
     ShardError,
     ShardSamples,
@@ -23,6 +22,7 @@ from trainer.shards import (
     shard_name,
     write_shard,
 )
+from trainer.settings.config import DataConfig
 
 
 def random_samples(n: int, *, seed: int) -> list[Sample]:

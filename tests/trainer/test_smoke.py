@@ -1,4 +1,4 @@
-"""`python -m trainer.smoke` on the CPU path: the production step against its float64 reference,
+"""`python -m trainer smoke` on the CPU path: the production step against its float64 reference,
 the reference against the loss's own written-out definition, and a broken step being caught."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import torch
 
 from tests.trainer.test_loss import reference
-from trainer import smoke
-from trainer.attention import build_draft_mask
+from trainer.commands import smoke
+from trainer.model.attention import build_draft_mask
 
 TINY = smoke.Shape(
     batch=2, heads=4, kv_heads=2, head_dim=8, context=64, blocks=3, block_size=4, vocab=97

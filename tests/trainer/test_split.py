@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import DemoConfig
-from trainer.demo import ensure_demo_assets
-from trainer.segments import segments
+from trainer.settings.config import DemoConfig
+from trainer.setup.demo import ensure_demo_assets
+from trainer.split.segments import segments
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = {"num_samples": 32, "num_layers": 4, "prompt_len": 6, "gen_len": 26}
@@ -87,7 +87,8 @@ def torchrun(
         "--master-port",
         str(free_port()),
         "-m",
-        "trainer.train",
+        "trainer",
+        "train",
         "--config",
         str(config),
         "--out",
@@ -229,8 +230,8 @@ def test_two_targets_one_drafter_and_resume(tmp_path, assets) -> None:
 
 @pytest.mark.slow
 def test_one_plus_one_repeats_colocated_losses(tmp_path, assets) -> None:
-    from trainer.config import load_config
-    from trainer.trainer import Trainer
+    from trainer.run.trainer import Trainer
+    from trainer.settings.loading import load_config
 
     out, _, _ = run_split(tmp_path, assets, procs=2, targets=1, steps=4, checkpoint_every=0)
     split = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -243,8 +244,8 @@ def test_one_plus_one_repeats_colocated_losses(tmp_path, assets) -> None:
 def test_a_drafter_started_from_target_layers_trains_as_colocated(tmp_path, assets) -> None:
     """`model.init_layers` in a split run: the drafter ranks, which never load the target, get
     the layers from target rank 0 and train exactly as a colocated run started the same way."""
-    from trainer.config import load_config
-    from trainer.trainer import Trainer
+    from trainer.run.trainer import Trainer
+    from trainer.settings.loading import load_config
 
     start = {"init_layers": [3]}
     out, _, _ = run_split(
@@ -289,7 +290,7 @@ def test_killed_worker_stops_the_job_naming_it(tmp_path, assets) -> None:
 
 @pytest.mark.slow
 def test_the_split_run_says_when_data_starts_repeating(tmp_path, assets) -> None:
-    from trainer.data import repeat_note
+    from trainer.data.dataset import repeat_note
 
     # 32 samples in batches of 16: two batches per epoch, the third starts the second epoch
     _, log, _ = run_split(
@@ -302,9 +303,9 @@ def test_the_split_run_says_when_data_starts_repeating(tmp_path, assets) -> None
 def test_the_split_run_keeps_the_holdout_out_of_training(tmp_path, assets) -> None:
     """`data.holdout` samples are never trained on, as in the colocated run: a 1 + 1 split
     repeats the colocated losses, and an epoch is the 24 samples left (batches of 12)."""
-    from trainer.config import load_config
-    from trainer.data import repeat_note
-    from trainer.trainer import Trainer
+    from trainer.data.dataset import repeat_note
+    from trainer.run.trainer import Trainer
+    from trainer.settings.loading import load_config
 
     data = {"holdout": 8, "batch_size": 12}
     out, log, _ = run_split(
@@ -324,9 +325,9 @@ def test_the_split_run_probes_held_out_tau_like_the_colocated_run(tmp_path, asse
     and 4 (mid-segment and at the end; a checkpoint at 3): the rows carry the same held-out,
     training-prompt and prompt-lookup τ as the colocated run's, the losses stay equal (the
     probe draws no random numbers), and an epoch is the 24 samples left by `data.holdout`."""
-    from trainer.config import load_config
-    from trainer.data import repeat_note
-    from trainer.trainer import Trainer
+    from trainer.data.dataset import repeat_note
+    from trainer.run.trainer import Trainer
+    from trainer.settings.loading import load_config
 
     data = {"holdout": 8, "batch_size": 12}
     evaluation = {"every": 2, "num_prompts": 3, "train_prompts": 2, "max_new_tokens": 6}

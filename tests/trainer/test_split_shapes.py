@@ -1,4 +1,4 @@
-"""The default split of a node from the model shapes (`trainer.split_shapes`): the two records
+"""The default split of a node from the model shapes (`trainer.split.split_shapes`): the two records
 the split was measured on, built as configs, get the split their measured rates make best, and
 a split run without `DFLASH_TARGET_GPUS` runs and says it."""
 
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import TrainConfig, config_from_dict
-from trainer.split_rule import default_target_gpus, predict_splits, target_gpus_for_work
-from trainer.split_shapes import RoleWork, role_work
+from trainer.settings.config import TrainConfig
+from trainer.settings.loading import config_from_dict
+from trainer.split.split_rule import default_target_gpus, predict_splits, target_gpus_for_work
+from trainer.split.split_shapes import RoleWork, role_work
 
 # bench/results/seed-size/README.md: a Qwen3.6-27B-shaped hybrid target and its published drafter
 # (5 layers, four sliding-window of 2,048, 32 heads of 128, 8 key/value heads), one sequence of
@@ -95,7 +96,7 @@ def test_the_default_is_near_the_best_at_the_measured_rates(work, name: str) -> 
 
 
 def test_flops_are_said_in_three_digits_and_a_unit() -> None:
-    from trainer.split_shapes import flop_text
+    from trainer.split.split_shapes import flop_text
 
     got = [flop_text(x) for x in (58.79e9, 13.04e9, 155_904.0, 1.5e12, 999.0)]
     assert got == ["58.8 GFLOP", "13.0 GFLOP", "156 kFLOP", "1.50 TFLOP", "999 FLOP"]
@@ -112,12 +113,12 @@ def test_equal_work_splits_as_no_model_does() -> None:
 
 
 def test_roles_without_target_gpus_take_the_shapes_default(tmp_path: Path, caplog) -> None:
-    """`trainer.train`'s call on a tiny demo config: every rank gets the same split, rank 0
+    """`trainer.commands.train`'s call on a tiny demo config: every rank gets the same split, rank 0
     says where it comes from, once; `DFLASH_TARGET_GPUS` still wins, and no config (no
     model) is ⌊G/2⌋."""
     from tests.trainer.test_split import write_config
-    from trainer.config import load_config
-    from trainer.distributed import roles_from_env
+    from trainer.settings.loading import load_config
+    from trainer.split.roles import roles_from_env
 
     config = load_config(write_config(tmp_path / "c.toml", tmp_path / "assets"))
     work = role_work(config)

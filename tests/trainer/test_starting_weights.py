@@ -8,11 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.config import DemoConfig, TrainConfigError, config_from_dict
-from trainer.data import Batch
-from trainer.demo import ensure_demo_assets
-from trainer.pipeline import DrafterWorker, TargetWorker
-from trainer.target import Target, load_target
+from trainer.data.dataset import Batch
+from trainer.model.target import Target, load_target
+from trainer.run.pipeline import DrafterWorker
+from trainer.run.target_worker import TargetWorker
+from trainer.settings.config import DemoConfig, TrainConfigError
+from trainer.settings.loading import config_from_dict
+from trainer.setup.demo import ensure_demo_assets
 
 DEMO = DemoConfig(enabled=True, num_samples=4, num_layers=4, prompt_len=6, gen_len=10)
 

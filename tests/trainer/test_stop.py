@@ -1,5 +1,5 @@
 """A graceful stop loses no completed step: SIGINT during a step and during a checkpoint write,
-colocated (`python -m trainer.train`) and split (torchrun through `trainer.launcher`, gloo on
+colocated (`python -m trainer train`) and split (torchrun through `trainer.commands.launcher`, gloo on
 the CPU). The stopped run exits 0 naming the step and its checkpoint; starting again resumes
 there and the losses continue exactly as in an uninterrupted run."""
 
@@ -26,15 +26,24 @@ from tests.trainer.test_split import (
 )
 from tests.trainer.test_split import assets as split_assets  # noqa: F401 (a fixture)
 from tests.trainer.test_train import assets, tiny_config, write_toml  # noqa: F401 (a fixture)
-from trainer.checkpoint import find_resumable
-from trainer.config import load_config
-from trainer.trainer import Trainer
+from trainer.model.checkpoint import find_resumable
+from trainer.run.trainer import Trainer
+from trainer.settings.loading import load_config
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
 def train(config: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "trainer.train", "--config", str(config), "--out", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "trainer",
+        "train",
+        "--config",
+        str(config),
+        "--out",
+        str(out),
+    ]
     return subprocess.Popen(
         [*argv, *extra], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -85,7 +94,7 @@ def test_sigint_during_a_step_saves_it_and_resume_continues_exactly(tmp_path, as
     n = interrupt(proc, out, after_rows=3, steps=steps)
     assert [r["step"] for r in rows(out)][-1] == n  # every completed step is logged and saved
     resumed = subprocess.run(
-        [sys.executable, "-m", "trainer.train", "--config", str(cfg), "--out", str(out),
+        [sys.executable, "-m", "trainer", "train", "--config", str(cfg), "--out", str(out),
          "--set", f"run.steps={steps}"],
         env=ENV, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -121,7 +130,7 @@ def test_sigint_during_a_checkpoint_write_keeps_that_checkpoint(tmp_path, assets
     found = find_resumable(out)
     assert found.manifest is not None and found.manifest.step == n
     resumed = subprocess.run(
-        [sys.executable, "-m", "trainer.train", "--config", str(cfg), "--out", str(out),
+        [sys.executable, "-m", "trainer", "train", "--config", str(cfg), "--out", str(out),
          "--set", f"run.steps={steps}", "--set", "run.checkpoint_every=1"],
         env=ENV, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
@@ -149,7 +158,7 @@ def test_finished_run_says_there_is_nothing_left(tmp_path, assets) -> None:  # n
     out = tmp_path / "run"
     Trainer(tiny_config(assets, run={"steps": 2}), out, emit=lambda _: None).run()
     done = subprocess.run(
-        [sys.executable, "-m", "trainer.train", "--config", str(cfg), "--out", str(out),
+        [sys.executable, "-m", "trainer", "train", "--config", str(cfg), "--out", str(out),
          "--set", "run.steps=2"],
         env=ENV, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
@@ -163,9 +172,9 @@ def test_finished_run_says_there_is_nothing_left(tmp_path, assets) -> None:  # n
 def launcher(config: Path, out: Path, *, procs: int, targets: int) -> subprocess.Popen[str]:
     env = {**ENV, "DFLASH_TARGET_GPUS": str(targets)}
     argv = [
-        sys.executable, "-m", "trainer.launcher", "--nproc-per-node", str(procs),
+        sys.executable, "-m", "trainer", "launch", "--nproc-per-node", str(procs),
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        "-m", "trainer.train", "--config", str(config), "--out", str(out),
+        "-m", "trainer", "train", "--config", str(config), "--out", str(out),
     ]  # fmt: skip
     return subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
@@ -226,7 +235,7 @@ def test_a_stop_before_the_first_step_ends_at_once(tmp_path, assets) -> None:  #
     every one ends at once with 130, no traceback and nothing written. (Raised as
     `KeyboardInterrupt` into the imports, a stop was sometimes lost inside torch's import of
     numpy and the run trained on, or left numpy half-imported and crashed.)"""
-    from trainer.demo import ensure_demo_assets
+    from trainer.setup.demo import ensure_demo_assets
 
     cfg = write_toml(tmp_path / "c.toml", assets)
     ensure_demo_assets(assets, load_config(cfg, []).demo)  # built now, not inside a timed run
@@ -252,7 +261,7 @@ def test_a_stop_before_the_first_step_ends_at_once(tmp_path, assets) -> None:  #
 
 SWALLOWING_IMPORT = """
 import os, signal, sys
-from trainer.stopping import StopRequest
+from trainer.base.stopping import StopRequest
 
 with StopRequest().handling():
     try:  # what torch's C module does with its import of numpy: any error of it is cleared
@@ -280,9 +289,9 @@ def test_a_stop_before_the_first_step_is_not_lost_in_a_library_that_catches_ever
 
 
 def test_a_run_in_process_gives_the_callers_signal_handlers_back(tmp_path, assets) -> None:  # noqa: F811
-    """`trainer.train.main` called in a process of its own caller (a notebook, a test) handles
+    """`trainer.commands.train.main` called in a process of its own caller (a notebook, a test) handles
     SIGINT/SIGTERM only while it runs: after it, Ctrl-C is the caller's again."""
-    from trainer.train import main
+    from trainer.commands.train import main
 
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     cfg = write_toml(tmp_path / "c.toml", assets)

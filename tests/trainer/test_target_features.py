@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from tests.trainer.hybrid_target import hybrid_model
-from trainer.config import DemoConfig
-from trainer.demo import ensure_demo_assets
-from trainer.target import Target, load_target
+from trainer.model.target import Target, load_target
+from trainer.settings.config import DemoConfig
+from trainer.setup.demo import ensure_demo_assets
 
 DEMO = DemoConfig(enabled=True, num_samples=4, num_layers=6, prompt_len=6, gen_len=10)
 

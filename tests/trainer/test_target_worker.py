@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.config import DemoConfig
-from trainer.data import Batch
-from trainer.demo import ensure_demo_assets
-from trainer.pipeline import TargetWorker
-from trainer.target import Target, load_target
+from trainer.data.dataset import Batch
+from trainer.model.target import Target, load_target
+from trainer.run.target_worker import TargetWorker
+from trainer.settings.config import DemoConfig
+from trainer.setup.demo import ensure_demo_assets
 
 DEMO = DemoConfig(enabled=True, num_samples=4, num_layers=4, prompt_len=6, gen_len=10)
 
@@ -70,7 +70,7 @@ def test_the_target_itself_stays_eager(target: Target) -> None:
 def test_a_forward_that_does_not_compile_names_the_switch(target: Target) -> None:
     """A compiler failure (here a backend that raises, as inductor does on a model it cannot
     lower) is a typed error that names `run.compile_target`, not a dynamo traceback."""
-    from trainer.errors import TargetCompileFailed
+    from trainer.base.errors import TargetCompileFailed
 
     def failing_backend(graph: torch.fx.GraphModule, inputs: list) -> None:
         raise RuntimeError("cannot lower this op")

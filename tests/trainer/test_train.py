@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import TrainConfig, config_from_dict
-from trainer.features import LocalTarget
-from trainer.trainer import Trainer
+from trainer.run.features import LocalTarget
+from trainer.run.trainer import Trainer
+from trainer.settings.config import TrainConfig
+from trainer.settings.loading import config_from_dict
 
 TINY = {
     "demo": {"enabled": True, "num_samples": 32, "num_layers": 4, "prompt_len": 6, "gen_len": 26},
@@ -89,7 +90,7 @@ def test_resume_in_other_parts_repeats_the_uninterrupted_losses(tmp_path, assets
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     return subprocess.run(
-        [sys.executable, "-m", "trainer.train", *args],
+        [sys.executable, "-m", "trainer", "train", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.config import TrainConfigError, diff_settings, load_config
+from trainer.settings.config import TrainConfigError, diff_settings
+from trainer.settings.loading import load_config
 
 BASE = """
 [model]
@@ -139,7 +140,7 @@ def test_later_keys_tie_checkpoints_only_when_set(key: str, value: object) -> No
     """Checkpoints written before data.enable_thinking, data.system_prompt,
     model.intermediate_size and model.num_kv_heads existed still resume while those keys keep their defaults; setting
     one changes the model/data settings."""
-    from trainer.config import config_from_dict
+    from trainer.settings.loading import config_from_dict
 
     base = {"model": {"target": "/m"}, "data": {"path": "/d.jsonl"}}
     plain = config_from_dict(base)
@@ -162,8 +163,8 @@ def test_split_table_is_saved_with_the_checkpoint_and_old_checkpoints_resume(tmp
     values, still resumes."""
     import json
 
-    from trainer import checkpoint as ckpt
-    from trainer.distributed import Timeouts
+    from trainer.model import checkpoint as ckpt
+    from trainer.split.distributed import Timeouts
 
     path = tmp_path / "c.toml"
     path.write_text(BASE + "[split]\ntimeout_s = 90\nmax_in_flight = 4\n")
