@@ -1,11 +1,11 @@
 """`deploy.toml` → typed, validated settings, and the choice of target for one command.
 
-The file is found as `--config FILE`, else `$DFLASH_CONFIG`, else `./deploy.toml`. Every key is
-checked against the shape below; an unknown key or a wrong type is a `ConfigError` that names the
-key and the file, because a typo silently ignored is a multi-day run started with the wrong
-settings.
+The file is found as `--config FILE`, else `$DFLASH_CONFIG`, else `./deploy.toml`, and checked
+once against its models (`schema.DeployFile`); an unknown key or a wrong type is a `ConfigError`
+that names the key and the file, because a typo silently ignored is a multi-day run started with
+the wrong settings.
 
-    [target]            where the job runs when nothing else selects a target
+    [target]            where the job runs when nothing else selects a target (`schema.py`)
     [targets.NAME]      named targets (`--target NAME`), same fields as [target]
     [job]               the tmux session, its log, environment, GPU split, optional command
                         (`job_config.py`)
@@ -22,7 +22,6 @@ from this folder (`.dflash/state.json`), else `[target]`. Flags override only wh
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import tomllib
@@ -31,40 +30,29 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from dflash_ops.connect import shell, ssh_names
 from dflash_ops.connect.place import DEFAULT_TIMEOUT
-from dflash_ops.errors import ConfigError, UnsafeValue
+from dflash_ops.errors import ConfigError
 from dflash_ops.settings import project
-from dflash_ops.settings.job_config import JobConfig, job_config
-from dflash_ops.settings.toml_keys import INT, NUM, STR, TABLE, Schema, check_keys, type_error
+from dflash_ops.settings.schema import (
+    PLACE,
+    DeployFile,
+    JobConfig,
+    LocalPlace,
+    ProxmoxPlace,
+    TargetTable,
+    config_error,
+    place_error,
+)
 from dflash_ops.settings.venv_config import VenvConfig, venv_config
 
 CONFIG_ENV = "DFLASH_CONFIG"
 DEFAULT_CONFIG_NAME = "deploy.toml"
-PLACES = ("local", "ssh", "proxmox")
 
 REMOTE_PYTHON = "python3"
 LOCAL_DIR = ".dflash/local"  # relative to the config's folder
-
-
-_TARGET_KEYS: Schema = {
-    "place": STR,
-    "host": STR,
-    "user": STR,
-    "port": INT,
-    "ct": INT,
-    "root": STR,
-    "checkpoints": STR,
-    "python": STR,
-    "timeout": NUM,
-}
-_TOP_KEYS: Schema = {
-    "target": TABLE,
-    "targets": TABLE,
-    "job": TABLE,
-    "venv": TABLE,
-    "train": TABLE,
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,23 +179,26 @@ def load_config(path: Path) -> Config:
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"Cannot read {path}: {exc}.") from None
-    check_keys(raw, _TOP_KEYS, prefix="", path=path)
-    default_target = raw.get("target", {})
-    _check_target(default_target, prefix="target", path=path)
-    targets = raw.get("targets", {})
-    for name, table in targets.items():
-        if not isinstance(table, dict):
-            raise type_error(f"targets.{name}", table, "a table", path)
-        _check_target(table, prefix=f"targets.{name}", path=path)
-    job = job_config(raw.get("job", {}), path=path)
+    try:
+        file = DeployFile.model_validate(raw)
+    except ValidationError as exc:
+        message, hint = config_error(exc, path)
+        raise ConfigError(message, hint=hint or None) from None
+    tables = raw.get("targets", {})
     return Config(
         path=path,
-        default_target=default_target,
-        targets=targets,
-        job=job,
-        train=raw.get("train", {}),
-        venv=venv_config(raw.get("venv"), path=path),
+        default_target=_as_written(file.target, raw.get("target", {})),
+        targets={name: _as_written(t, tables[name]) for name, t in file.targets.items()},
+        job=file.job,
+        train=file.train,
+        venv=venv_config(file.venv, path=path),
     )
+
+
+def _as_written(table: TargetTable, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A checked target table as the keys the file wrote, in its order (notes name them so)."""
+    values = table.model_dump(exclude_unset=True)
+    return {key: values[key] for key in raw}
 
 
 def resolve_target(config: Config, flags: TargetFlags, *, remembered: TargetFlags | None) -> Target:
@@ -319,78 +310,38 @@ def _no_such_target(config: Config, name: str, *, remembered: bool) -> ConfigErr
 
 
 def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> Target:
-    """Apply per-place defaults and check the combination (the message names the key)."""
+    """Check the combination as one of the three places (`schema.PLACE`, the message names
+    the key), then apply the per-place defaults."""
     where = f"target {name!r} (from {config.path} and the command line)"
-    place = fields.get("place", "local")
-    if place not in PLACES:
-        raise ConfigError(
-            f"{where}: place = {place!r} is not one of {', '.join(PLACES)}.",
-            hint='Set place = "local", "ssh" or "proxmox".',
-        )
-    host, ct = fields.get("host"), fields.get("ct")
-    port, user = fields.get("port"), fields.get("user")
-    if place == "local":
-        for key in ("host", "ct", "user", "port"):
-            if fields.get(key) is not None:
-                raise ConfigError(
-                    f'{where}: {key!r} is set but place is "local".',
-                    hint=f'Remove {key!r}, or set place = "ssh" (or "proxmox").',
-                )
+    try:
+        place = PLACE.validate_python({"place": "local", **fields})
+    except ValidationError as exc:
+        message, hint = place_error(exc, fields, where)
+        raise ConfigError(message, hint=hint or None) from None
+    host = user = None
+    port = ct = None
+    if isinstance(place, LocalPlace):
         base = config.project_dir / LOCAL_DIR
-        root = _local_path(fields.get("root"), default=base, config=config)
+        root = _local_path(place.root, default=base, config=config)
         checkpoints = _local_path(
-            fields.get("checkpoints"), default=Path(root) / "checkpoints", config=config
+            place.checkpoints, default=Path(root) / "checkpoints", config=config
         )
-        python = fields.get("python", sys.executable)
+        python = place.python or sys.executable
     else:
-        if not host:
-            raise ConfigError(
-                f"{where}: place is {place!r} but no host is set.",
-                hint='Set host = "..." in the target\'s table, or pass --host.',
-            )
-        if place == "proxmox" and ct is None:
-            raise ConfigError(
-                f'{where}: place is "proxmox" but no container id (ct) is set.',
-                hint="Set ct = 200 in the target's table, or pass --ct.",
-            )
-        if place == "ssh" and ct is not None:
-            raise ConfigError(
-                f'{where}: ct = {ct} is set but place is "ssh".',
-                hint='Set place = "proxmox" to run inside the container, or remove ct.',
-            )
-        root, checkpoints = _remote_folders(fields, config=config, where=where)
-        python = fields.get("python", REMOTE_PYTHON)
-    if port is not None and not 1 <= port <= 65535:
-        raise ConfigError(f"{where}: port = {port} is not a TCP port (1-65535).")
-    if ct is not None:
-        try:
-            ct = shell.container_id(ct)
-        except UnsafeValue as exc:
-            raise ConfigError(f"{where}: ct: {exc}") from None
-    if host is not None and (
-        host.startswith("-") or not host.strip() or any(c.isspace() for c in host)
-    ):
-        raise ConfigError(f"{where}: host = {host!r} is not a host name or address.")
-    if host is not None:  # OpenSSH's rule, before any ssh_config (Match exec) sees it
-        ssh_names.split_user_host(host, where=f"{where}: host")
-    if user is not None:
-        ssh_names.check_user(user, where=f"{where}: user")
-    if not python:
-        raise ConfigError(f"{where}: python is empty.", hint='Set python = "python3".')
+        host, user, port = place.host, place.user, place.port
+        ct = place.ct if isinstance(place, ProxmoxPlace) else None
+        ssh_names.split_user_host(host, where=f"{where}: host")  # OpenSSH's rule, before any
+        if user is not None:  # ssh_config (Match exec) sees them
+            ssh_names.check_user(user, where=f"{where}: user")
+        root, checkpoints = _remote_folders(place.root, place.checkpoints, config=config)
+        python = place.python or REMOTE_PYTHON
     venv = None
     if config.venv is not None:  # the target's python builds the venv; the job runs the venv's
         venv = Venv(folder=config.venv.folder(root, python), base=python, config=config.venv)
         python = venv.python
-    timeout = fields.get("timeout", DEFAULT_TIMEOUT)
-    if not (timeout > 0 and math.isfinite(timeout)):
-        raise ConfigError(
-            f"{where}: timeout = {timeout} is not a number of seconds above 0.",
-            hint=f"Set timeout = {DEFAULT_TIMEOUT:g} (how long one command may take there), "
-            "or more for a slow place.",
-        )
     return Target(
         name=name,
-        place=place,
+        place=place.place,
         host=host,
         user=user,
         port=port,
@@ -399,22 +350,21 @@ def _finish_target(name: str, fields: Mapping[str, Any], *, config: Config) -> T
         checkpoints=checkpoints,
         python=python,
         venv=venv,
-        timeout=float(timeout),
+        timeout=place.timeout,
     )
 
 
-def _remote_folders(fields: Mapping[str, Any], *, config: Config, where: str) -> tuple[str, str]:
-    """`root` and `checkpoints` at a remote place: the target's, else this project's own
-    defaults (`project.load`: per project folder, so two projects never share a job)."""
-    given = {key: fields[key] for key in ("root", "checkpoints") if key in fields}
-    if len(given) < 2:
+def _remote_folders(
+    root: str | None, checkpoints: str | None, *, config: Config
+) -> tuple[str, str]:
+    """`root` and `checkpoints` at a remote place (checked absolute by `schema`): the target's,
+    else this project's own defaults (`project.load`: per project folder, so two projects never
+    share a job)."""
+    if root is None or checkpoints is None:
         defaults = project.load(config.project_dir)
-        given.setdefault("root", defaults.remote_root)
-        given.setdefault("checkpoints", defaults.remote_checkpoints)
-    return (
-        _remote_path("root", given["root"], where),
-        _remote_path("checkpoints", given["checkpoints"], where),
-    )
+        root = root if root is not None else defaults.remote_root
+        checkpoints = checkpoints if checkpoints is not None else defaults.remote_checkpoints
+    return shell.remote_path(root), shell.remote_path(checkpoints)
 
 
 def _local_path(value: str | None, *, default: Path, config: Config) -> str:
@@ -422,21 +372,3 @@ def _local_path(value: str | None, *, default: Path, config: Config) -> str:
     if not path.is_absolute():
         path = config.project_dir / path
     return shell.remote_path(os.path.normpath(path))
-
-
-def _remote_path(key: str, value: str, where: str) -> str:
-    try:
-        return shell.remote_path(value)
-    except UnsafeValue as exc:
-        raise ConfigError(
-            f"{where}: {key}: {exc}", hint=f"Set {key} to an absolute folder."
-        ) from None
-
-
-def _check_target(table: Mapping[str, Any], *, prefix: str, path: Path) -> None:
-    check_keys(table, _TARGET_KEYS, prefix=prefix, path=path)
-    place = table.get("place")
-    if place is not None and place not in PLACES:
-        raise ConfigError(
-            f"Key '{prefix}.place' in {path} must be one of {', '.join(PLACES)}, not {place!r}.",
-        )

@@ -17,22 +17,87 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import field_validator, model_validator
+
 from dflash_ops.connect import shell
 from dflash_ops.errors import ConfigError, UnsafeValue
-from dflash_ops.settings.toml_keys import BOOL, LIST, STR, Schema, check_keys, type_error
+from dflash_ops.settings.table import Table, fail, key
 
 REQUIREMENTS = "trainer/requirements.txt"  # relative to the config's folder
-_KEYS: Schema = {
-    "torch_index": STR,
-    "wheels": STR,
-    "packages": LIST,
-    "system_site_packages": BOOL,
-}
+
+
+class VenvTable(Table):
+    """The `[venv]` table as written; `venv_config.VenvConfig` adds the requirements' text."""
+
+    torch_index: str | None = key(
+        None,
+        "pip index of the torch build (`https://download.pytorch.org/whl/cuXXX` for CUDA "
+        "XX.X); torch is installed from it first, the rest from PyPI",
+    )
+    wheels: str | None = key(
+        None,
+        "a folder of wheels at the place (absolute): pip installs from it only (`--no-index "
+        "--find-links`), for a node without network; put a CUDA torch wheel and every "
+        "requirement's wheel in it (`pip download -r trainer/requirements.txt -d DIR` on a "
+        "machine with the same Python and platform). Not with `torch_index`",
+    )
+    packages: tuple[str, ...] = key(
+        (), "more requirements (pip's syntax) beside `trainer/requirements.txt`", shown="`[]`"
+    )
+    system_site_packages: bool = key(
+        False,
+        "`python -m venv --system-site-packages`: the base python's packages (a preinstalled "
+        "torch, say) are seen too",
+    )
+
+    @field_validator("packages", mode="before")
+    @classmethod
+    def _array(cls, value: Any) -> Any:
+        return tuple(value) if isinstance(value, list) else value  # TOML arrays are lists
+
+    @field_validator("torch_index")
+    @classmethod
+    def _index(cls, index: str | None) -> str | None:
+        if index is not None and not index.startswith(("https://", "http://")):
+            raise fail(
+                f"Key 'venv.torch_index' in {{path}} must be an http(s) URL, not {index!r}.",
+                'For CUDA 12.8: torch_index = "https://download.pytorch.org/whl/cu128".',
+            )
+        return index
+
+    @field_validator("wheels")
+    @classmethod
+    def _wheels(cls, wheels: str | None) -> str | None:
+        if wheels is None:
+            return None
+        try:
+            return shell.remote_path(wheels)
+        except UnsafeValue as exc:
+            raise fail(f"Key 'venv.wheels' in {{path}}: {exc}") from None
+
+    @field_validator("packages")
+    @classmethod
+    def _requirements(cls, packages: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not line.strip() or line.lstrip().startswith("-") for line in packages):
+            raise fail(
+                f"Key 'venv.packages' in {{path}} must be an array of requirements, not "
+                f"{list(packages)!r} (array)."
+            )
+        return packages
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VenvTable:
+        if self.torch_index is not None and self.wheels is not None:
+            raise fail(
+                "Keys 'venv.torch_index' and 'venv.wheels' in {path}: wheels installs every "
+                "package from that folder only, so no index is asked.",
+                "Keep wheels for an offline node (with a CUDA torch wheel in it), or torch_index.",
+            )
+        return self
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,33 +127,11 @@ class VenvConfig:
         return None
 
 
-def venv_config(table: Mapping[str, Any] | None, *, path: Path) -> VenvConfig | None:
-    """The `[venv]` table of `path` (None without one), each value checked, the trainer's
-    requirements read from beside it."""
+def venv_config(table: VenvTable | None, *, path: Path) -> VenvConfig | None:
+    """The `[venv]` table of `path` (None without one; its values were checked with the file,
+    `schema.VenvTable`), with the trainer's requirements read from beside it."""
     if table is None:
         return None
-    check_keys(table, _KEYS, prefix="venv", path=path)
-    index, wheels = table.get("torch_index"), table.get("wheels")
-    if index is not None and not index.startswith(("https://", "http://")):
-        raise ConfigError(
-            f"Key 'venv.torch_index' in {path} must be an http(s) URL, not {index!r}.",
-            hint='For CUDA 12.8: torch_index = "https://download.pytorch.org/whl/cu128".',
-        )
-    if index is not None and wheels is not None:
-        raise ConfigError(
-            f"Keys 'venv.torch_index' and 'venv.wheels' in {path}: wheels installs every "
-            "package from that folder only, so no index is asked.",
-            hint="Keep wheels for an offline node (with a CUDA torch wheel in it), or torch_index.",
-        )
-    if wheels is not None:
-        try:
-            wheels = shell.remote_path(wheels)
-        except UnsafeValue as exc:
-            raise ConfigError(f"Key 'venv.wheels' in {path}: {exc}") from None
-    packages = table.get("packages", [])
-    for item in packages:
-        if not isinstance(item, str) or not item.strip() or item.lstrip().startswith("-"):
-            raise type_error("venv.packages", packages, "an array of requirements", path)
     file = path.parent / REQUIREMENTS
     try:
         text = file.read_text(encoding="utf-8")
@@ -99,9 +142,9 @@ def venv_config(table: Mapping[str, Any] | None, *, path: Path) -> VenvConfig | 
         ) from None
     lines = [line.strip() for line in text.splitlines() if line.split("#", 1)[0].strip()]
     return VenvConfig(
-        requirements="\n".join([*lines, *(p.strip() for p in packages)]) + "\n",
-        torch_index=index,
-        wheels=wheels,
-        packages=tuple(packages),
-        system_site_packages=bool(table.get("system_site_packages", False)),
+        requirements="\n".join([*lines, *(p.strip() for p in table.packages)]) + "\n",
+        torch_index=table.torch_index,
+        wheels=table.wheels,
+        packages=table.packages,
+        system_site_packages=table.system_site_packages,
     )
