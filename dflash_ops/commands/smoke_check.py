@@ -52,10 +52,10 @@ def check_smoke(setup: Setup, place: Place, _: Findings) -> Check:
     """Ship trainer/ into `<root>/doctor/<id>` and run `python -m trainer smoke --json` there."""
     name = "gpu smoke test"
     trainer = (setup.project_dir or Path.cwd()) / "trainer"
-    if not (trainer / "smoke.py").is_file():
+    if not (trainer / "commands" / "smoke.py").is_file():
         return failed(
             name,
-            f"no trainer to test: {trainer / 'smoke.py'} does not exist",
+            f"no trainer to test: {trainer / 'commands' / 'smoke.py'} does not exist",
             "Run dflash doctor in the project folder (next to deploy.toml and trainer/).",
         )
     scratch = shell.remote_path(f"{setup.target.root}/doctor/{secrets.token_hex(4)}")

@@ -79,12 +79,12 @@ def check_train_config(setup: Setup, place: Place, _: Findings) -> Check:
     trainer = (setup.project_dir or Path.cwd()) / "trainer"
     if not applies(setup):
         return passed(NAME, "[train] is empty and [job] command runs: nothing to check")
-    if not (trainer / "check.py").is_file() and setup.job.command is not None:
+    if not (trainer / "commands" / "check.py").is_file() and setup.job.command is not None:
         return passed(NAME, "no trainer/ in the project: [job] command runs instead")
-    if not (trainer / "check.py").is_file():
+    if not (trainer / "commands" / "check.py").is_file():
         return failed(
             NAME,
-            f"no trainer to check with: {trainer / 'check.py'} does not exist",
+            f"no trainer to check with: {trainer / 'commands' / 'check.py'} does not exist",
             "Run dflash doctor in the project folder (next to deploy.toml and trainer/).",
         )
     scratch = shell.remote_path(f"{setup.target.root}/doctor/{secrets.token_hex(4)}")

@@ -319,13 +319,13 @@ def test_a_killed_generation_resumes_without_losing_or_rewriting_a_shard(
     proc.wait()
     first = {i: (p.stat().st_ino, p.stat().st_mtime_ns) for i, p in finished_shards(out).items()}
     assert 1 <= len(first) < 30, "the kill must land between shards"
-    assert main(argv[3:]) == 0
+    assert main(argv[4:]) == 0
     after = finished_shards(out)
     assert sorted(after) == list(range(30))
     assert all((after[i].stat().st_ino, after[i].stat().st_mtime_ns) == v for i, v in first.items())
     assert not list(out.glob("*.tmp-*"))
     clean = tmp_path / "clean"
-    assert main([*argv[3:7], "--out", str(clean), *argv[9:]]) == 0
+    assert main([*argv[4:8], "--out", str(clean), *argv[10:]]) == 0
     assert [a.read_bytes() for a in after.values()] == [
         p.read_bytes() for p in finished_shards(clean).values()
     ]
