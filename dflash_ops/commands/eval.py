@@ -18,7 +18,7 @@ from dflash_ops.connect import shell
 from dflash_ops.connect.transport import StreamResult
 from dflash_ops.errors import CheckpointPathError, DflashError, EvaluationError
 from dflash_ops.remote.checkpoints import ARCHIVE, RUN_PATTERN
-from dflash_ops.remote.launch import TRAIN_CONFIG, in_release
+from dflash_ops.remote.launch import in_release, verb
 from dflash_ops.untrusted import last_line
 
 # A checkpoint named relative to the checkpoints folder: `step-00000300`, an archived run's UTC
@@ -122,8 +122,7 @@ def prompts_path(ws: Workspace, given: str) -> str:
 def evaluator_argv(ws: Workspace, request: EvalRequest, *, checkpoint: str) -> list[str]:
     """`bash -c 'cd current; exec …' env K=V… python -m trainer evaluate …` as one argv."""
     args = [
-        ws.target.python, "-m", "trainer", "evaluate", "--config", TRAIN_CONFIG,
-        "--checkpoint", checkpoint,
+        ws.target.python, *verb("evaluate", "--checkpoint", checkpoint),
     ]  # fmt: skip
     if request.prompts is not None:
         args += ["--prompts", request.prompts]

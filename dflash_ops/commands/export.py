@@ -24,7 +24,7 @@ from dflash_ops.commands.eval import FIX_HINT, require_checkpoint
 from dflash_ops.commands.workspace import Workspace
 from dflash_ops.connect.transport import StreamResult
 from dflash_ops.errors import ExportError
-from dflash_ops.remote.launch import TRAIN_CONFIG, in_release
+from dflash_ops.remote.launch import in_release, verb
 from dflash_ops.untrusted import last_line
 
 FILES = ("config.json", "model.safetensors")
@@ -68,8 +68,7 @@ def exporter_argv(
     else:
         parent, name, keep = ws.target.checkpoints, "drafter", "0"
     tool = [
-        ws.target.python, "-m", "trainer", "export", "--config", TRAIN_CONFIG,
-        "--checkpoint", checkpoint, "--dtype", request.dtype,
+        ws.target.python, *verb("export", "--checkpoint", checkpoint, "--dtype", request.dtype),
     ]  # fmt: skip
     script = ["bash", "-c", _SCRIPT, "dflash-export", parent, name, keep, *tool]
     return in_release(f"{ws.target.root}/current", ws.config.job.env, script, name="dflash-export")

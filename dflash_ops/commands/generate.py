@@ -17,7 +17,7 @@ from dflash_ops.commands import operations
 from dflash_ops.commands.workspace import Workspace
 from dflash_ops.connect import shell
 from dflash_ops.errors import GenerationError
-from dflash_ops.remote.launch import TRAIN_CONFIG
+from dflash_ops.remote.launch import verb
 
 # request field → trainer.generation.generate flag, for the optional values passed through as given
 _FLAGS = {
@@ -51,7 +51,7 @@ class GenerateRequest:
 
     def tool(self) -> tuple[str, ...]:
         """The job's `-m trainer generate …` arguments (after the interpreter or torchrun)."""
-        args = ["-m", "trainer", "generate", "--config", TRAIN_CONFIG, "--out", self.out]
+        args = verb("generate", "--out", self.out)
         for path in self.prompts:
             args += ["--prompts", path]
         for f in fields(self):

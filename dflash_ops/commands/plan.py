@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from dflash_ops.commands.workspace import Workspace
 from dflash_ops.connect.transport import StreamResult
 from dflash_ops.errors import JobRunning, RemoteCommandFailed
-from dflash_ops.remote.launch import TRAIN_CONFIG, in_release
+from dflash_ops.remote.launch import in_release, verb
 
 SHOWN_ARGV = ("python", "-m", "trainer", "plan")  # how a failure names the command
 
@@ -33,8 +33,7 @@ class PlanRequest:
 def planner_argv(ws: Workspace, request: PlanRequest) -> list[str]:
     """`bash -c 'cd current; exec …' env K=V… python -m trainer plan …` as one argv."""
     args = [
-        ws.target.python, "-m", "trainer", "plan", "--config", TRAIN_CONFIG,
-        "--out", ws.target.checkpoints,
+        ws.target.python, *verb("plan", "--out", ws.target.checkpoints),
     ]  # fmt: skip
     gpus = request.gpus if request.gpus is not None else ws.config.job.gpus or None
     for flag, value in (("--gpus", gpus), ("--steps", request.steps), ("--warmup", request.warmup)):

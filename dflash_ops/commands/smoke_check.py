@@ -19,6 +19,7 @@ from dflash_ops.commands.checks import Check, Findings, Setup, failed, job_argv,
 from dflash_ops.connect import shell
 from dflash_ops.connect.place import Place
 from dflash_ops.connect.transport import Result
+from dflash_ops.remote.launch import verb
 from dflash_ops.untrusted import last_line
 
 SMOKE_TIMEOUT = 300.0
@@ -59,7 +60,7 @@ def check_smoke(setup: Setup, place: Place, _: Findings) -> Check:
             "Run dflash doctor in the project folder (next to deploy.toml and trainer/).",
         )
     scratch = shell.remote_path(f"{setup.target.root}/doctor/{secrets.token_hex(4)}")
-    argv = job_argv(setup, [setup.target.python, "-m", "trainer", "smoke", "--json"])
+    argv = job_argv(setup, [setup.target.python, *verb("smoke", "--json", config=False)])
     result = run_in_scratch(
         place, scratch, trainer_tar(trainer), argv, timeout=max(SMOKE_TIMEOUT, place.timeout)
     )

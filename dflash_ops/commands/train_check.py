@@ -18,7 +18,7 @@ from dflash_ops.commands.smoke_check import run_in_scratch, trainer_tar
 from dflash_ops.connect import shell
 from dflash_ops.connect.place import Place
 from dflash_ops.errors import TrainConfigInvalid
-from dflash_ops.remote.launch import TRAIN_CONFIG
+from dflash_ops.remote.launch import TRAIN_CONFIG, verb
 from dflash_ops.settings import toml_writer
 
 NAME = "train config"
@@ -33,9 +33,7 @@ def applies(setup: Setup) -> bool:
 
 def check_argv(setup: Setup) -> list[str]:
     """The job's python running the check of the release's `train.toml`."""
-    return job_argv(
-        setup, [setup.target.python, "-m", "trainer", "check", "--config", TRAIN_CONFIG]
-    )
+    return job_argv(setup, [setup.target.python, *verb("check")])
 
 
 def invalid(

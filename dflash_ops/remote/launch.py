@@ -30,6 +30,13 @@ HIDE_GPUS = "CUDA_VISIBLE_DEVICES"  # set empty for `[job] gpus = 0`: CUDA then 
 TRAIN_CONFIG = "train.toml"
 
 
+def verb(name: str, *args: str, config: bool = True) -> list[str]:
+    """A trainer verb's argv after the interpreter (or torchrun): `-m trainer NAME`, then the
+    release's `--config train.toml` (every verb that reads the config), then `args` — the one
+    shape every command that runs the trainer builds."""
+    return ["-m", "trainer", name, *(["--config", TRAIN_CONFIG] if config else []), *args]
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaunchPlan:
     """Everything the launch script depends on."""
@@ -79,16 +86,8 @@ class LaunchPlan:
 def trainer_argv(plan: LaunchPlan) -> list[str]:
     """The trainer's argv: `python -m trainer train …`, or torchrun over `gpus` processes per
     node — standalone on one node, meeting the other nodes at the rendezvous otherwise."""
-    args = list(plan.tool) or [
-        "-m",
-        "trainer",
-        "train",
-        "--config",
-        TRAIN_CONFIG,
-        "--out",
-        plan.checkpoints,
-    ]
-    torchrun = [plan.python, "-m", "trainer", "launch"]
+    args = list(plan.tool) or verb("train", "--out", plan.checkpoints)
+    torchrun = [plan.python, *verb("launch", config=False)]
     per_node = ["--nproc-per-node", str(max(plan.gpus, 1))]
     if plan.nodes > 1:
         if plan.rendezvous is None:
