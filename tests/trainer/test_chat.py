@@ -168,7 +168,9 @@ def test_the_cache_is_reused_until_the_source_or_the_tokenizer_changes(tmp_path:
 
     def load() -> tuple[list[Sample], str]:
         lines: list[str] = []
-        samples = load_data(cfg, out, emit=lines.append)
+        samples = load_data(
+            cfg.data, out, tokenizer_dir=cfg.model.target or None, emit=lines.append
+        )
         return samples, next(x for x in lines if x.startswith("data cache:"))
 
     first, said = load()

@@ -247,7 +247,7 @@ def _render_head(config: TrainConfig, fmt: Any, lines: int) -> list[Any]:
 
     tokenizer = load_target_tokenizer(config)
     samples, report = tokenize_file(
-        config.data.path, fmt, tokenizer, template_options(config), limit=lines
+        config.data.path, fmt, tokenizer, template_options(config.data), limit=lines
     )
     if report.dropped:
         first = report.dropped[0]

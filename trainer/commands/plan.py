@@ -113,7 +113,7 @@ def measure_rates(
     if target is None:
         target = load_configured_target(config, tdev)
     stream = BatchStream(
-        load_data(config, out_dir),
+        load_data(config.data, out_dir, tokenizer_dir=config.model.target or None),
         config.data,
         block_size=m.block_size,
         seed=config.run.seed,

@@ -39,7 +39,7 @@ from trainer.data.formats import (
     truncate,
     write_samples,
 )
-from trainer.settings.config import DataConfig, TrainConfig, TrainConfigError
+from trainer.settings.config import DataConfig, TrainConfigError
 
 __all__ = ["Sample", "write_samples", "load_samples", "load_data"]
 log = logging.getLogger("trainer")
@@ -115,10 +115,9 @@ def read_source(
     )
 
 
-def template_options(config: TrainConfig) -> TemplateOptions:
-    return TemplateOptions(
-        enable_thinking=config.data.enable_thinking, system_prompt=config.data.system_prompt
-    )
+def template_options(data: DataConfig) -> TemplateOptions:
+    """How `[data]` asks for chats to be rendered (thinking, a default system prompt)."""
+    return TemplateOptions(enable_thinking=data.enable_thinking, system_prompt=data.system_prompt)
 
 
 def cache_dir_for(out_dir: str | Path) -> Path:
@@ -128,14 +127,19 @@ def cache_dir_for(out_dir: str | Path) -> Path:
 
 
 def load_data(
-    config: TrainConfig, out_dir: str | Path, *, emit: Callable[[str], None] | None = None
+    data: DataConfig,
+    out_dir: str | Path,
+    *,
+    tokenizer_dir: str | None,
+    emit: Callable[[str], None] | None = None,
 ) -> Sequence[Sample]:
-    """The run's `data.path` as samples (see `load_samples`), cached next to `out_dir`."""
+    """The run's `data.path` as samples (see `load_samples`; chat and text tokenized with the
+    target's tokenizer in `tokenizer_dir`), cached next to `out_dir`."""
     return load_samples(
-        config.data.path,
-        max_len=config.data.max_len,
-        tokenizer_dir=config.model.target or None,
-        template=template_options(config),
+        data.path,
+        max_len=data.max_len,
+        tokenizer_dir=tokenizer_dir,
+        template=template_options(data),
         cache_dir=cache_dir_for(out_dir),
         emit=emit,
     )

@@ -258,7 +258,7 @@ def run(args: argparse.Namespace) -> Comparison:
         args.prompts or default_prompts(config),
         tokenizer_dir=config.model.target,
         limit=args.limit,
-        template=template_options(config),
+        template=template_options(config.data),
     )
     say = None if args.json else _say  # --json: stdout holds the report alone
     (say or log.info)(f"evaluating {what} on {len(prompts)} prompts")

@@ -28,6 +28,7 @@ from trainer.data.dataset import (
     load_data,
     repeat_note,
     split_holdout,
+    template_options,
 )
 from trainer.model.drafter import Drafter
 from trainer.model.linear_attention import describe as describe_linear_attention
@@ -136,9 +137,15 @@ class LocalTarget:
         if line := describe_linear_attention(self.target.config, device_type=device.type):
             emit(line)
         self.worker = TargetWorker.for_run(self.target, config)
-        samples = load_data(config, out_dir, emit=emit)
+        samples = load_data(
+            config.data, out_dir, tokenizer_dir=config.model.target or None, emit=emit
+        )
         samples, held_out = split_holdout(samples, config.data.holdout)
-        self.tau_probe = TauProbe.from_config(config, self.target, held_out, samples)
+        self.tau_probe = TauProbe.of(
+            config.eval, self.target, held_out, samples,
+            tokenizer_dir=config.model.target, template=template_options(config.data),
+            block_size=config.model.block_size,
+        )  # fmt: skip
         self.stream = BatchStream(
             samples, config.data, block_size=config.model.block_size, seed=config.run.seed
         )

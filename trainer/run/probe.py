@@ -26,14 +26,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from trainer.data.dataset import Sample, template_options
+from trainer.data.chat import TemplateOptions
+from trainer.data.dataset import Sample
 from trainer.data.eval_prompts import load_prompts, prompt_of_sample
 from trainer.evaluation.drafters import BlockDrafter, DFlashDrafter
 from trainer.evaluation.prompt_lookup import baseline_drafter
 from trainer.evaluation.report import EvalReport, evaluate
 from trainer.model.drafter import Drafter
 from trainer.model.target import Target
-from trainer.settings.config import TrainConfigError
+from trainer.settings.config import EvalConfig, TrainConfigError
 
 MEMORISING = "the drafter memorises its training data: more data or fewer epochs"
 
@@ -141,27 +142,32 @@ class TauProbe:
         self._baseline_report: EvalReport | None = None
 
     @classmethod
-    def from_config(
-        cls, config: Any, target: Target, held_out: Sequence[Sample], trained: Sequence[Sample] = ()
+    def of(
+        cls,
+        ev: EvalConfig,
+        target: Target,
+        held_out: Sequence[Sample],
+        trained: Sequence[Sample] = (),
+        *,
+        tokenizer_dir: str,
+        template: TemplateOptions,
+        block_size: int,
     ) -> TauProbe | None:
-        """None when `eval.every` is 0; prompts from `eval.prompts`, else the held-out samples;
-        training prompts spread over `trained`."""
-        ev = config.eval
+        """The probe `[eval]` asks for (None when `eval.every` is 0): prompts from
+        `eval.prompts` (rendered as `[data]` renders chats), else the held-out samples; training
+        prompts spread over `trained`; the baseline at the drafter's `block_size`."""
         if not ev.every:
             return None
         if ev.prompts:
             prompts = load_prompts(
-                ev.prompts,
-                tokenizer_dir=config.model.target,
-                limit=ev.num_prompts,
-                template=template_options(config),
+                ev.prompts, tokenizer_dir=tokenizer_dir, limit=ev.num_prompts, template=template
             )
         else:
             prompts = [p for p in map(prompt_of_sample, held_out) if p][: ev.num_prompts]
             if not prompts:
                 raise TrainConfigError("data.holdout", "no held-out sample has a prompt prefix")
         base = baseline_drafter(
-            ev.baseline, config.model.block_size, max_n=ev.lookup_max_n, min_n=ev.lookup_min_n
+            ev.baseline, block_size, max_n=ev.lookup_max_n, min_n=ev.lookup_min_n
         )
         return cls(
             target,

@@ -26,6 +26,7 @@ from trainer.data.dataset import (
     load_data,
     repeat_note,
     split_holdout,
+    template_options,
 )
 from trainer.model.drafter import Drafter, shape_from_target
 from trainer.model.linear_attention import describe as describe_linear_attention
@@ -58,7 +59,8 @@ def serve_features(
     line = describe_linear_attention(target.config, device_type=session.device.type)
     if roles.rank == 0 and line:
         emit(f"{roles.describe()} {line}")
-    samples, held_out = split_holdout(load_data(config, out_dir, emit=emit), config.data.holdout)
+    samples = load_data(config.data, out_dir, tokenizer_dir=config.model.target or None, emit=emit)
+    samples, held_out = split_holdout(samples, config.data.holdout)
     stream = BatchStream(
         samples, config.data, block_size=config.model.block_size, seed=config.run.seed
     )
@@ -155,7 +157,11 @@ def _probe_server(
     """Target rank 0 with `eval.every`: the probe and a drafter replica to load weights into."""
     if session.roles.rank != 0:
         return None
-    probe = TauProbe.from_config(config, target, held_out, samples)
+    probe = TauProbe.of(
+        config.eval, target, held_out, samples,
+        tokenizer_dir=config.model.target, template=template_options(config.data),
+        block_size=config.model.block_size,
+    )  # fmt: skip
     if probe is None:
         return None
     shape = shape_from_target(target.config, config.model, num_features=len(target.layers))
