@@ -148,7 +148,7 @@ def _require(ws: Workspace, test: str, path: str, what: str, hint: str) -> None:
 
 def start(ws: Workspace, request: EvalRequest) -> StreamResult:
     """Check what the evaluator needs, then start it; the caller drains the stream."""
-    ws.releases().require_current()  # ReleaseError: "Deploy first"
+    ws.releases().require_trainer("dflash eval")  # ReleaseError: "Deploy first", no entry
     prompts = None
     if request.prompts is not None:
         prompts = prompts_path(ws, request.prompts)

@@ -96,7 +96,7 @@ def start(ws: Workspace, request: ExportRequest) -> tuple[StreamResult, str | No
     and the folder `--keep-remote` leaves at the place (None without it)."""
     if request.dtype not in DTYPES:
         raise ExportError(f"--dtype {request.dtype!r} is not one of {', '.join(DTYPES)}.")
-    ws.releases().require_current()  # ReleaseError: "Deploy first"
+    ws.releases().require_trainer("dflash export")  # ReleaseError: "Deploy first", no entry
     checkpoint = require_checkpoint(ws, request.checkpoint, ExportError)
     kept = None
     if request.keep_remote:

@@ -48,7 +48,7 @@ def planner_argv(ws: Workspace, request: PlanRequest) -> list[str]:
 def start(ws: Workspace, request: PlanRequest) -> StreamResult:
     """Check that there is a release and that the GPUs are free, then start the planner; the
     caller drains the stream."""
-    ws.releases().require_current()  # ReleaseError: "Deploy first"
+    ws.releases().require_trainer("dflash plan")  # ReleaseError: "Deploy first", no entry
     if not request.force and ws.job().state().running:
         raise JobRunning(
             f"The job {ws.config.job.session!r} is running on {ws.target.describe()}: timing the "

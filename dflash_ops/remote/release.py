@@ -238,6 +238,31 @@ class Releases:
             raise self.nothing_deployed()
         return release
 
+    def require_trainer(self, command: str) -> str:
+        """The current release, which must hold a trainer with its one entry (`python -m
+        trainer VERB`): a release of a `[job] command` has none, and one deployed by a dflash
+        before that entry has `trainer/` without `__main__.py` (reached by a rollback)."""
+        release = self.require_current()
+        trainer = f"{self.root}/releases/{release}/trainer"
+        probe = 'if [ -f "$1/__main__.py" ]; then echo entry; elif [ -d "$1" ]; then echo old; fi'
+        found = self.place.run(["sh", "-c", probe, "dflash-trainer", trainer], check=False)
+        answer = found.stdout.decode("utf-8", "replace").strip()
+        if answer == "entry":
+            return release
+        where = f"Release {release} at {self.root} on {self.place.description}"
+        if answer == "old":
+            raise ReleaseError(
+                f"{where} was deployed by an earlier dflash: its trainer has no `python -m "
+                f"trainer` entry, which {command} runs.",
+                hint="Deploy again (dflash deploy; the checkpoints are archived, and --resume "
+                "goes on from the last one), or run the dflash that deployed it.",
+            )
+        raise ReleaseError(
+            f"{where} has no trainer (its job is a [job] command), so {command} has nothing to "
+            "run.",
+            hint="Deploy a release with trainer/ (a config without [job] command).",
+        )
+
     def nothing_deployed(self) -> ReleaseError:
         return ReleaseError(
             f"Nothing is deployed at {self.root} on {self.place.description}.",

@@ -3,13 +3,14 @@ never a traceback. And `--help` with an example on every command."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from dflash_ops.cli import app
-from tests.cli_helpers import dflash
+from tests.cli_helpers import dflash, kill_tmux_server
 
 COMMANDS = ["deploy", "logs", "status", "restart", "stop", "checkpoints"]
 
@@ -108,3 +109,28 @@ def test_without_the_ssh_client_a_remote_target_says_how_to_install_it(
     assert "Traceback" not in result.stderr
     said = result.stdout + result.stderr
     assert "The ssh client is not installed" in said and "openssh-client" in said
+
+
+def test_a_release_without_the_trainer_entry_is_named_not_run(tmp_path: Path) -> None:
+    """`eval`, `plan` and `export` run `python -m trainer VERB` in the current release: one
+    deployed by an earlier dflash (a rollback reaches it: `trainer/` without `__main__.py`) or one
+    without a trainer is refused naming the release and what to do, before anything runs."""
+    socket = f"dft-{uuid.uuid4().hex[:10]}"
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "__main__.py").write_text("print('trainer')\n")
+    (tmp_path / "deploy.toml").write_text(
+        f'[job]\nsocket = "{socket}"\ncommand = "echo up; exec sleep 600"\n'
+    )
+    try:
+        deployed = dflash(tmp_path, "deploy", "--no-wait")
+        assert deployed.returncode == 0, deployed.stderr
+        trainer = tmp_path / ".dflash" / "local" / "current" / "trainer"
+        (trainer / "__main__.py").unlink()  # as a release of an earlier dflash has it
+        for args in (["eval"], ["plan", "--force"], ["export", "--to", str(tmp_path / "d")]):
+            check_failure(dflash(tmp_path, *args), "was deployed by an earlier dflash",
+                          "python -m trainer", "Deploy again")  # fmt: skip
+        trainer.rmdir()
+        check_failure(dflash(tmp_path, "plan", "--force"), "has no trainer", "[job] command")
+        assert not (tmp_path / "d").exists()
+    finally:
+        kill_tmux_server(socket)
