@@ -80,6 +80,13 @@ class Where:
         return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
 
 
+def train_argv(config: Path, out: Path, *extra: str) -> list[str]:
+    """`python -m trainer train --config CONFIG --out OUT EXTRA…`: a run as `launch.sh` starts
+    one, with this interpreter."""
+    return [sys.executable, "-m", "trainer", "train", "--config", str(config), "--out", str(out),
+            *extra]  # fmt: skip
+
+
 def dflash(project: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     # the repo first; what the caller's PYTHONPATH holds (packages installed there) stays

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import REPO, Where, container_defaults, kill_tmux_server
+from tests.cli_helpers import REPO, Where, container_defaults, kill_tmux_server, train_argv
 from tests.trainer.test_train import write_toml
 from trainer.model.checkpoint import find_resumable, verify
 
@@ -99,26 +99,12 @@ def test_connection_dropped_during_upload(ssh_where: Where, sshd) -> None:  # ty
 TINY_RUN = ["--set", "run.steps=400", "--set", "run.checkpoint_every=1"]
 
 
-def trainer_cmd(config: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "trainer",
-        "train",
-        "--config",
-        str(config),
-        "--out",
-        str(out),
-        *extra,
-    ]
-
-
 def test_sigkill_while_writing_a_checkpoint_resumes_from_the_previous(tmp_path: Path) -> None:
     config = write_toml(tmp_path / "c.toml", tmp_path / "assets")
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(
-        trainer_cmd(config, out, *TINY_RUN), env=env, stdout=subprocess.DEVNULL,
+        train_argv(config, out, *TINY_RUN), env=env, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     caught = None
@@ -140,7 +126,7 @@ def test_sigkill_while_writing_a_checkpoint_resumes_from_the_previous(tmp_path: 
     torn = int(caught.split("-")[2])
     assert found.manifest is not None and found.manifest.step >= torn - 1
     resumed = subprocess.run(
-        trainer_cmd(config, out, "--set", f"run.steps={found.manifest.step + 2}", "--set", "run.extend=true",
+        train_argv(config, out, "--set", f"run.steps={found.manifest.step + 2}", "--set", "run.extend=true",
                     "--set", "run.checkpoint_every=1"),
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

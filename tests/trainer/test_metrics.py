@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import train_argv
 from tests.trainer.test_probe import scalars
 from tests.trainer.test_train import assets, tiny_config, write_toml  # noqa: F401 (a fixture)
 from trainer.model.checkpoint import find_resumable
@@ -128,19 +129,7 @@ def steps_of(path: Path) -> list[int]:
 
 
 def trainer_argv(config: Path, out: Path, *sets: str) -> list[str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "trainer",
-        "train",
-        "--config",
-        str(config),
-        "--out",
-        str(out),
-    ]
-    for item in sets:
-        argv += ["--set", item]
-    return argv
+    return train_argv(config, out, *(arg for item in sets for arg in ("--set", item)))
 
 
 def kill_when(argv: list[str], ready: Callable[[], bool], what: str) -> None:

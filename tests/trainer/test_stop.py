@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import train_argv
 from tests.signal_helpers import handlers_installed
 from tests.trainer.test_split import (
     ROOT,
@@ -34,19 +35,10 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
 def train(config: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "trainer",
-        "train",
-        "--config",
-        str(config),
-        "--out",
-        str(out),
-    ]
     return subprocess.Popen(
-        [*argv, *extra], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+        train_argv(config, out, *extra),
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
 
 
 def rows(out: Path) -> list[dict]:
