@@ -170,10 +170,6 @@ def place_error(exc: ValidationError, fields: Mapping[str, Any], where: str) -> 
         )
     if name == "python":
         return f"{where}: python is empty.", 'Set python = "python3".'
-    if kind == "union_tag_invalid":
-        return f"{where}: place = {place!r} is not one of {', '.join(PLACES)}.", (
-            'Set place = "local", "ssh" or "proxmox".'
-        )
     return f"{where}: {name}: {err['msg']}.", ""
 
 
