@@ -29,6 +29,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from trainer.model.attention import (
     DraftMask,
@@ -214,15 +215,30 @@ class DrafterMLP(nn.Module):
 
 
 class DrafterLayer(nn.Module):
-    def __init__(self, s: DrafterShape, *, sliding: bool) -> None:
+    """One decoder layer. With `recompute` its training forward keeps only its inputs and runs
+    again in the backward (`run.recompute_layers`): the layer's activations (the MLP's
+    intermediate products above all) live one layer at a time instead of all layers at once.
+    The checkpoint sits inside `forward`, so a compiled layer traces it into its graph."""
+
+    def __init__(self, s: DrafterShape, *, sliding: bool, recompute: bool = False) -> None:
         super().__init__()
         self.sliding = sliding
+        self.recompute = recompute
         self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.self_attn = DrafterAttention(s)
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.mlp = DrafterMLP(s)
 
     def forward(self, x: Tensor, ctx: Tensor, rope_q: Any, rope_k: Any, mask: DraftMask) -> Tensor:
+        if not (self.recompute and torch.is_grad_enabled()):
+            return self._layer(x, ctx, rope_q, rope_k, mask)
+
+        def again(x: Tensor, ctx: Tensor) -> Tensor:  # the mask and rope travel as closures
+            return self._layer(x, ctx, rope_q, rope_k, mask)
+
+        return cast(Tensor, checkpoint(again, x, ctx, use_reentrant=False))
+
+    def _layer(self, x: Tensor, ctx: Tensor, rope_q: Any, rope_k: Any, mask: DraftMask) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_k, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -236,6 +252,7 @@ class Drafter(nn.Module):
         *,
         attention_backend: str = "auto",
         attention_kernels: str = "auto",
+        recompute_layers: bool = False,
     ) -> None:
         super().__init__()
         self.shape = shape
@@ -245,7 +262,8 @@ class Drafter(nn.Module):
         self.fc = nn.Linear(shape.num_features * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, shape.rms_norm_eps)
         self.layers = nn.ModuleList(
-            DrafterLayer(shape, sliding=i in shape.sliding_layers) for i in range(shape.num_layers)
+            DrafterLayer(shape, sliding=i in shape.sliding_layers, recompute=recompute_layers)
+            for i in range(shape.num_layers)
         )
         self.norm = RMSNorm(h, shape.rms_norm_eps)
         self.reset_parameters()
@@ -258,10 +276,12 @@ class Drafter(nn.Module):
         layers = f"{s.num_layers} layer{'s' * (s.num_layers != 1)}"
         inputs = f"{s.num_features} target layer{'s' * (s.num_features != 1)} in"
         heads = f"{s.num_heads} heads ({s.num_kv_heads} kv) × {s.head_dim}"
+        recomputed = any(layer.recompute for layer in self.drafter_layers())
         return (
             f"drafter: {layers} × {s.hidden_size}, {heads}, MLP {s.intermediate_size}, "
             f"B = {s.block_size}, {inputs}; {_count(params)} parameters trained (the target's "
             "embedding and lm_head borrowed)"
+            + ("; layers recomputed in the backward" if recomputed else "")
         )
 
     def reset_parameters(self, std: float = 0.02) -> None:

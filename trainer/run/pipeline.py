@@ -179,7 +179,11 @@ class DrafterWorker:
         """A new drafter of `shape` on `device` with the frozen embedding and lm_head (moved to
         `device`), its optimizer, schedule, noise and compile taken from `config`; its layers
         start from `starting_weights` when given (`Target.starting_weights`)."""
-        drafter = Drafter(shape, attention_kernels=config.run.attention_kernels).to(device)
+        drafter = Drafter(
+            shape,
+            attention_kernels=config.run.attention_kernels,
+            recompute_layers=config.run.recompute_layers,
+        ).to(device)
         if starting_weights is not None:
             drafter.start_from(starting_weights)
         return cls(

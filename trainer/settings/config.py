@@ -131,6 +131,9 @@ class RunConfig:
     # FlexAttention kernels: "auto" (tiles by the GPU's shared memory), "large", "small" (~100 KiB
     # GPUs), "flash" (the CuTe-DSL backend of flash-attn-4, Hopper and newer, when installed)
     attention_kernels: str = "auto"
+    # keep each drafter layer's inputs only and run the layer again in the backward: its
+    # activations live one layer at a time, for one more forward of the layers
+    recompute_layers: bool = False
     tensorboard: bool = True  # event files in <out>/tensorboard (when tensorboard is installed)
     extend: bool = False  # resume even though the lr schedule changed (e.g. run.steps raised)
     profile_steps: int = 0  # record this many steps with torch.profiler into <out>/profile; 0: off
