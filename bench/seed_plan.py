@@ -7,7 +7,8 @@ length measured (the fallback's where the kernels' stage has none), r_drafter fr
 step on the default attention kernels (the CuTe-DSL ones where only they ran). Memory of a
 target rank: its peak over the forward at that length plus the batches it may hold for the
 drafters (`split.max_in_flight`, each the selected layers and the last hidden state); of a
-drafter rank: the drafter step's peak.
+drafter rank: the drafter step's peak. The plan of 8 GPUs once more with the drafter step of
+`run.recompute_layers` (its rate and its peak), where that stage ran.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def summary_fields(
             "step_s": auto.get("step_s"),
             "tokens_per_s": auto.get("tokens_per_s"),
             "default_kernels": auto,
+            "recompute": _drafter(stages.get("drafter-recompute")),
             "flash_kernels": flash,
         },
         "split": stages.get("split"),
@@ -86,12 +88,14 @@ def summary_fields(
     }
 
 
-def rates_of(summary: dict[str, Any]) -> Rates | None:
-    """The plan's rates from the summary's figures; None until both roles have one."""
+def rates_of(summary: dict[str, Any], drafter: dict[str, Any] | None = None) -> Rates | None:
+    """The plan's rates from the summary's figures (the drafter's from `drafter`, a step's
+    figures, when given); None until both roles have one."""
     t, d = summary["target"], summary["drafter"]
     r_target = t["tokens_per_s"] or t["fallback_tokens_per_s"]
     tokens = t["tokens"] or t["fallback_tokens"]
-    drafter = d["default_kernels"] if d["tokens_per_s"] else d["flash_kernels"]
+    if drafter is None:
+        drafter = d["default_kernels"] if d["tokens_per_s"] else d["flash_kernels"]
     r_drafter = drafter.get("tokens_per_s")
     if not r_target or not r_drafter:
         return None
@@ -103,7 +107,7 @@ def rates_of(summary: dict[str, Any]) -> Rates | None:
         drafter_s_per_batch=drafter["tokens"] / r_drafter,
         target_device=f"{summary['gpu']}, {_paths(t)}",
         drafter_device=f"{summary['gpu']} ({'default' if d['tokens_per_s'] else 'flash'})",
-        **rank_memory(summary),
+        **rank_memory(summary) | {"drafter_peak_gib": drafter.get("peak_gib")},
     )
 
 
@@ -140,7 +144,22 @@ def plan_summary(summary: dict[str, Any]) -> dict[str, Any]:
         "best_split": _name(best),
         "best_tokens_per_s": best["tokens_per_s"],
         "predicted_at_seed_splits": seed,
+        "with_recompute": _recompute_plan(summary),
         "reports": reports,
+    }
+
+
+def _recompute_plan(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The best split of 8 GPUs with the drafter step of `run.recompute_layers`."""
+    step = summary["drafter"]["recompute"]
+    rates = rates_of(summary, step) if step.get("tokens_per_s") else None
+    if rates is None:
+        return None
+    best = max(predict(rates, 8), key=lambda s: s.tokens_per_s)
+    return {
+        "best_split": f"{best.targets}+{best.drafters}",
+        "best_tokens_per_s": best.tokens_per_s,
+        "drafter_peak_gib": step.get("peak_gib"),
     }
 
 

@@ -16,15 +16,18 @@ short keeps the figures it has written), all within --budget-s (--stages picks s
    queries over 49,152 context tokens, the 248,320-row loss) as a drafter rank runs it
    (`DrafterWorker.for_config(…).train_step` on the features a target rank sends): step time,
    MFU, peak memory, the default attention kernels;
-3. `target-fallback`: stage 1 with `fla` and `causal_conv1d` unimportable, so transformers binds
+3. `drafter-recompute`: stage 2 with `run.recompute_layers` (each layer keeps its inputs only
+   and runs again in the backward): the memory a drafter rank saves and the time it pays;
+4. `target-fallback`: stage 1 with `fla` and `causal_conv1d` unimportable, so transformers binds
    its pure-PyTorch reference; a length the cap cannot fit (predicted from the one before) is
    skipped and said so;
-4. `drafter-flash`: stage 2 on FlexAttention's CuTe-DSL kernels (`run.attention_kernels =
+5. `drafter-flash`: stage 2 on FlexAttention's CuTe-DSL kernels (`run.attention_kernels =
    "flash"`) where flash-attn-4 imports, else why not;
-5. `target-compiled`: stage 1's forward through `torch.compile` (`run.compile_target = true`);
-6. `split`: with two GPUs or more, the real split run (`trainer.split.session`) at the planned split of
+6. `target-compiled`: stage 1's forward through `torch.compile` (`run.compile_target = true`);
+7. `split`: with two GPUs or more, the real split run (`trainer.split.session`) at the planned split of
    this machine's GPUs: measured tokens/s beside the plan's prediction.
-After every stage DIR/summary.json is rewritten: the figures so far and the plan
+`--summarize` rewrites DIR/summary.json from the stage files in DIR (stages run by several calls,
+each stage's file copied in) without running any. After every stage DIR/summary.json is rewritten: the figures so far and the plan
 (`trainer.commands.plan.predict`) from the measured rates for 8, 4 and 2 GPUs with the memory of a rank
 of each role, beside the seed's own 13.5 K (6 + 2) and 21.5 K (5 + 3) tokens/s. Each stage also
 writes DIR/<stage>.json as it goes. The shapes and where they were read: bench/README.md.
@@ -49,10 +52,19 @@ from bench.common import help_parser
 from bench.seed_plan import plan_summary, summary_fields
 from bench.seed_stages import read_json, say, write_json
 
-STAGES = ("target", "drafter", "target-fallback", "drafter-flash", "target-compiled", "split")
+STAGES = (
+    "target",
+    "drafter",
+    "drafter-recompute",
+    "target-fallback",
+    "drafter-flash",
+    "target-compiled",
+    "split",
+)
 CAPS = {  # seconds (--caps changes them); a cold drafter compile alone takes minutes on an H200
     "target": 150,
     "drafter": 320,
+    "drafter-recompute": 240,
     "target-fallback": 150,
     "drafter-flash": 300,
     "target-compiled": 240,
@@ -209,6 +221,20 @@ def orchestrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def summarize(out: Path) -> int:
+    """summary.json again from the stage files in `out`; how each stage ended is kept from the
+    summary already there."""
+    old = read_json(out / "summary.json") or {}
+    runs = {s: old.get("stages", {}).get(s, {"ended": "from its file"}) for s in STAGES
+            if (out / f"{s}.json").exists()}  # fmt: skip
+    stages = {s: read_json(out / f"{s}.json") for s in STAGES}
+    summary = summary_fields(stages, runs, max_in_flight=MAX_IN_FLIGHT)
+    summary["plan"] = plan_summary(summary)
+    write_json(out / "summary.json", summary)
+    print(json.dumps(headline(summary), indent=2))
+    return 0
+
+
 def parse_caps(text: str) -> dict[str, float]:
     """`drafter=400,target=200` → {"drafter": 400.0, "target": 200.0}."""
     caps = {}
@@ -232,11 +258,16 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
         "torch": summary["torch"],
         "target": {k: t.get(k) for k in keep},
         "drafter": {k: d.get(k) for k in ("mfu", "peak_gib", "step_s", "tokens_per_s")}
-        | {"flash": d["flash_kernels"]},
+        | {"recompute": _figures(d["recompute"]), "flash": _figures(d["flash_kernels"])},
         "plan": plan,
         "split": summary["split"] and {k: v for k, v in summary["split"].items() if k != "env"},
         "stages": summary["stages"],
     }
+
+
+def _figures(step: dict[str, Any]) -> dict[str, Any]:
+    keep = ("mfu", "peak_gib", "step_s", "tokens_per_s", "unavailable")
+    return {k: step[k] for k in keep if k in step}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--caps", type=parse_caps, default={}, help="STAGE=SECONDS,… (default: CAPS above)"
     )
+    parser.add_argument(
+        "--summarize", action="store_true", help="rewrite summary.json from DIR's stage files"
+    )
     parser.add_argument("--stage", help=argparse.SUPPRESS)  # one stage, in its own process
     parser.add_argument("--cap", type=float, default=600, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -256,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
 
         spec = SMOKE if args.cpu_smoke else SEED
         return run(args.stage, spec, Path(args.out), cap_s=args.cap, smoke=args.cpu_smoke)
+    if args.summarize:
+        return summarize(Path(args.out))
     return orchestrate(args)
 
 

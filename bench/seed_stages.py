@@ -287,10 +287,17 @@ def conv_alone(spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
 # ---- the drafter ------------------------------------------------------------------------------
 
 
-def stage_drafter(spec: dict[str, Any], out: Path, kernels: str, smoke: bool) -> None:
-    name = "drafter" if kernels == "auto" else f"drafter-{kernels}"
+def stage_drafter(
+    spec: dict[str, Any], out: Path, kernels: str, smoke: bool, *, recompute: bool = False
+) -> None:
+    """The drafter rank's step; `recompute`: with `run.recompute_layers` (the layers run again
+    in the backward instead of keeping their activations)."""
+    name = "drafter" + (f"-{kernels}" if kernels != "auto" else "") + "-recompute" * recompute
     device = device_of(smoke)
-    rec = Record(out / f"{name}.json", stage=name, kernels=kernels, env=environment(device))
+    rec = Record(
+        out / f"{name}.json", stage=name, kernels=kernels, recompute=recompute,
+        env=environment(device),
+    )  # fmt: skip
     if kernels == "flash":
         if device.type != "cuda":
             rec["unavailable"] = "needs CUDA"
@@ -313,7 +320,9 @@ def stage_drafter(spec: dict[str, Any], out: Path, kernels: str, smoke: bool) ->
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data.jsonl"
         write_data(data, spec, samples=2)
-        cfg = train_config(spec, data, device, attention_kernels=kernels)
+        cfg = train_config(
+            spec, data, device, attention_kernels=kernels, recompute_layers=recompute
+        )
         batch = BatchStream(
             load_samples(data), cfg.data, block_size=cfg.model.block_size, seed=0
         ).next_batch()
@@ -463,7 +472,8 @@ def run(stage: str, spec: dict[str, Any], out: Path, *, cap_s: float, smoke: boo
         mode = {"target": "kernels"}.get(stage, stage.removeprefix("target-"))
         stage_target(spec, out, cap_s, mode, smoke)
     elif stage.startswith("drafter"):
-        stage_drafter(spec, out, "flash" if stage.endswith("flash") else "auto", smoke)
+        kernels = "flash" if "-flash" in stage else "auto"
+        stage_drafter(spec, out, kernels, smoke, recompute=stage.endswith("-recompute"))
     elif stage == "split":
         stage_split(spec, out, smoke)
     else:

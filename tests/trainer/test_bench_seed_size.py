@@ -35,6 +35,7 @@ def test_the_smoke_runs_every_stage_and_writes_the_record(tmp_path: Path) -> Non
     assert ended == {
         "target": "done",
         "drafter": "done",
+        "drafter-recompute": "done",
         "target-fallback": "done",
         "drafter-flash": "not started: a GPU stage",
         "target-compiled": "not started: a GPU stage",
@@ -50,6 +51,9 @@ def test_the_smoke_runs_every_stage_and_writes_the_record(tmp_path: Path) -> Non
     assert [r["tokens"] for r in t["rows"]] == [r["tokens"] for r in t["fallback_rows"]]
     assert d["mfu"] > 0 and d["tokens_per_s"] > 0 and d["step_s"] > 0
     assert d["default_kernels"]["shape"].startswith("drafter: 2 layers × 64, 8 heads (2 kv) × 8")
+    again = d["recompute"]
+    assert again["shape"].endswith("layers recomputed in the backward") and again["mfu"] > 0
+    assert plan["with_recompute"]["best_split"] in {f"{g}+{8 - g}" for g in range(1, 8)}
     assert plan["best_split"] in {f"{g}+{8 - g}" for g in range(1, 8)}
     assert plan["best_tokens_per_s"] == max(
         x["tokens_per_s"] for x in plan["reports"]["8"]["splits"]
@@ -93,6 +97,14 @@ def test_the_plan_of_eight_gpus_from_given_rates() -> None:
     assert plan["memory"] == {"target_peak_gib": 96.0, "drafter_peak_gib": 55.0}
     assert "memory per rank (peak): target 96.0 GiB, drafter 55.0 GiB" in plan["reports"][8]["text"]
     assert summary["target"]["fallback_tokens_per_s"] is None
+    assert plan["with_recompute"] is None  # that stage did not run
+    slower = {"result": {"tokens": 49152, "tokens_per_s": 5400.0, "peak_gib": 40.0}}
+    again = plan_summary(
+        summary_fields({**target, "drafter-recompute": slower}, {}, max_in_flight=2)
+    )
+    assert again["with_recompute"] == {  # 3 × 5.4 K < 5 × 4.3 K: 4 + 4 = min(17.2 K, 21.6 K)
+        "best_split": "4+4", "best_tokens_per_s": pytest.approx(17_200), "drafter_peak_gib": 40.0
+    }  # fmt: skip
     assert (
         plan_summary(summary_fields({"target": target["target"]}, {}, max_in_flight=2))[
             "best_split"
