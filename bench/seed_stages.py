@@ -353,6 +353,14 @@ def stage_drafter(
             rec["result"] = step_result(timed, batch, shape, flops, device) | {
                 "compiled_layers": worker.compiled
             }
+    if device.type == "cuda":  # one step more, its peak taken apart
+        from bench.memory_peak import peak_breakdown
+
+        n = len(steps)
+        rec["memory_at_peak"] = peak_breakdown(lambda: worker.train_step(features, n), device)
+        say(f"{name}: peak {rec['memory_at_peak']['peak_gib']:.1f} GiB")
+        for row in rec["memory_at_peak"]["rows"]:
+            say(f"  {row['gib']:6.2f} GiB  {row['where']}")
 
 
 def step_result(

@@ -149,3 +149,28 @@ def test_the_targets_flops_count_its_own_weights_and_the_chunked_delta_rule() ->
     assert delta_rule_flops_per_token(16, 16) == per_token
     assert flops["delta_rule"] == 2 * c.linear_num_value_heads * 100 * per_token
     assert flops["total"] == sum(v for k, v in flops.items() if k != "total")
+
+
+def test_the_peak_is_taken_apart_from_the_allocators_history() -> None:
+    """The replay finds the highest point of a trace (not its end) and groups what is alive
+    there by the innermost frame of the trainer's code, else by the innermost Python frame."""
+    from bench.memory_peak import _alive_at_peak, _where
+
+    own = {"filename": "/r/trainer/model/drafter.py", "line": 9, "name": "forward"}
+    lib = {"filename": "/usr/lib/torch/nn/functional.py", "line": 3, "name": "linear"}
+    made = {"filename": "/tmp/torchinductor_root/ab/cab.py", "line": 1, "name": "call"}
+    trace = [
+        {"action": "alloc", "addr": 1, "size": 100, "frames": [lib, own]},
+        {"action": "alloc", "addr": 2, "size": 50, "frames": [made]},
+        {"action": "free_requested", "addr": 2, "size": 50},
+        {"action": "free_completed", "addr": 2, "size": 50},
+        {"action": "alloc", "addr": 3, "size": 70, "frames": []},  # the peak: 170
+        {"action": "free_completed", "addr": 1, "size": 100},
+        {"action": "alloc", "addr": 4, "size": 90, "frames": [lib]},  # 160: lower
+    ]
+    alive = _alive_at_peak(trace)
+    assert {addr: size for addr, (size, _) in alive.items()} == {1: 100, 3: 70}
+    assert _where([lib, own]) == "model/drafter.py:9 forward"
+    assert _where([made]) == "compiled code"
+    assert _where([lib]) == "/usr/lib/torch/nn/functional.py:3 linear"
+    assert _where([]).startswith("no Python frame")
