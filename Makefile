@@ -41,9 +41,10 @@ run: setup run-deps
 test: setup system-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	# both parts run even when the first fails, so one run reports every failing test
+	# both parts run even when the first fails, so one run reports every failing test; the
+	# slowest tests are listed, so that the suite's time stays in view
 	status=0; \
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not serial" || status=$$?; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=25 -m "not serial" || status=$$?; \
 	$(BIN)/python -m pytest -q -m serial || status=$$?; \
 	exit $$status
 
