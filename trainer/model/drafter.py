@@ -383,10 +383,7 @@ class Drafter(nn.Module):
         n = anchors.shape[1]
         anchors = torch.where(valid, anchors, torch.zeros_like(anchors))
         dtype = self.fc.weight.dtype
-        # under autocast the projection reads the features as they come: a float32 copy here
-        # would be cast back to bf16 by autocast, and that second copy kept for the backward
-        autocast = torch.is_autocast_enabled(features.device.type)
-        ctx = self.hidden_norm(self.fc(features if autocast else features.to(dtype)))  # (Bsz, S, H)
+        ctx = self.hidden_norm(self.fc(features.to(dtype)))  # (Bsz, S, H)
         x = F.embedding(self.block_tokens(input_ids, anchors), embed_weight)  # (Bsz, N, B, H)
         x = x.reshape(bsz, n * s.block_size, -1).to(dtype)  # (Bsz, Q, H)
         ctx_pos = torch.arange(seq, device=features.device).expand(bsz, seq)  # (Bsz, S)
