@@ -86,7 +86,8 @@ def test_prune_keeps_the_run_with_checkpoints_and_deletes_the_junk(where: Where)
     # depending on which of the two it saw first; here only the archive counts
     assert where.run("deploy", "--no-wait").returncode == 0  # archives the run that trained
     where.wait_exited()
-    assert where.run("deploy").returncode == 0  # archives the crash log
+    assert where.run("deploy", "--no-wait").returncode == 0  # archives the crash log
+    where.wait_exited()
     (where.checkpoints / "metrics.jsonl").write_bytes(b"x" * 1_000_000)  # no checkpoint
     where.config("echo started")
     assert where.run("deploy").returncode == 0  # archives the run without checkpoints
