@@ -99,7 +99,8 @@ def measure_rates(
 ) -> Rates:
     """Time each role alone on the configured model and batches (see the module docstring).
     `target`: an already loaded `trainer.model.target.Target` (else `model.target` is loaded)."""
-    from trainer.data.dataset import BatchStream, load_data
+    from trainer.data.dataset import BatchStream
+    from trainer.run.features import run_samples
     from trainer.run.pipeline import DrafterWorker
     from trainer.run.target_worker import TargetWorker
     from trainer.setup.runtime import load_configured_target, resolve_device
@@ -113,7 +114,7 @@ def measure_rates(
     if target is None:
         target = load_configured_target(config, tdev)
     stream = BatchStream(
-        load_data(config.data, out_dir, tokenizer_dir=config.model.target or None),
+        run_samples(config, out_dir),
         config.data,
         block_size=m.block_size,
         seed=config.run.seed,

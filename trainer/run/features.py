@@ -14,7 +14,7 @@ curves are the loop's, written once.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,6 +25,7 @@ from trainer.data.dataset import (
     Batch,
     BatchStream,
     DataPosition,
+    Sample,
     load_data,
     repeat_note,
     split_holdout,
@@ -32,6 +33,7 @@ from trainer.data.dataset import (
 )
 from trainer.model.drafter import Drafter
 from trainer.model.linear_attention import describe as describe_linear_attention
+from trainer.model.target import Target
 from trainer.run.pipeline import DrafterWorker, StepResult
 from trainer.run.probe import ProbeReport, TauProbe
 from trainer.run.target_worker import Features, TargetWorker
@@ -122,6 +124,24 @@ class FeatureSource(Protocol):
         """The loop is over; this process's summary."""
 
 
+def run_samples(
+    config: TrainConfig, out_dir: str | Path, emit: Callable[[str], None] | None = None
+) -> Sequence[Sample]:
+    """The run's `[data]`, tokenized with the target's tokenizer, cached by its run folder."""
+    return load_data(config.data, out_dir, tokenizer_dir=config.model.target or None, emit=emit)
+
+
+def run_tau_probe(
+    config: TrainConfig, target: Target, held_out: Sequence[Sample], trained: Sequence[Sample]
+) -> TauProbe | None:
+    """The τ probe the run's `[eval]` asks for, its prompts rendered as `[data]` renders chats."""
+    return TauProbe.of(
+        config.eval, target, held_out, trained,
+        tokenizer_dir=config.model.target, template=template_options(config.data),
+        block_size=config.model.block_size,
+    )  # fmt: skip
+
+
 class LocalTarget:
     """The colocated run's source: target, data and probe in this process."""
 
@@ -137,15 +157,8 @@ class LocalTarget:
         if line := describe_linear_attention(self.target.config, device_type=device.type):
             emit(line)
         self.worker = TargetWorker.for_run(self.target, config)
-        samples = load_data(
-            config.data, out_dir, tokenizer_dir=config.model.target or None, emit=emit
-        )
-        samples, held_out = split_holdout(samples, config.data.holdout)
-        self.tau_probe = TauProbe.of(
-            config.eval, self.target, held_out, samples,
-            tokenizer_dir=config.model.target, template=template_options(config.data),
-            block_size=config.model.block_size,
-        )  # fmt: skip
+        samples, held_out = split_holdout(run_samples(config, out_dir, emit), config.data.holdout)
+        self.tau_probe = run_tau_probe(config, self.target, held_out, samples)
         self.stream = BatchStream(
             samples, config.data, block_size=config.model.block_size, seed=config.run.seed
         )

@@ -23,16 +23,14 @@ from trainer.data.dataset import (
     BatchStream,
     DataPosition,
     Sample,
-    load_data,
     repeat_note,
     split_holdout,
-    template_options,
 )
 from trainer.model.drafter import Drafter, shape_from_target
 from trainer.model.linear_attention import describe as describe_linear_attention
 from trainer.model.target import Target
+from trainer.run.features import run_samples, run_tau_probe
 from trainer.run.metrics import RankStats
-from trainer.run.probe import TauProbe
 from trainer.run.target_worker import TargetWorker
 from trainer.settings.config import TrainConfig
 from trainer.split.distributed import Session
@@ -59,8 +57,7 @@ def serve_features(
     line = describe_linear_attention(target.config, device_type=session.device.type)
     if roles.rank == 0 and line:
         emit(f"{roles.describe()} {line}")
-    samples = load_data(config.data, out_dir, tokenizer_dir=config.model.target or None, emit=emit)
-    samples, held_out = split_holdout(samples, config.data.holdout)
+    samples, held_out = split_holdout(run_samples(config, out_dir, emit), config.data.holdout)
     stream = BatchStream(
         samples, config.data, block_size=config.model.block_size, seed=config.run.seed
     )
@@ -157,11 +154,7 @@ def _probe_server(
     """Target rank 0 with `eval.every`: the probe and a drafter replica to load weights into."""
     if session.roles.rank != 0:
         return None
-    probe = TauProbe.of(
-        config.eval, target, held_out, samples,
-        tokenizer_dir=config.model.target, template=template_options(config.data),
-        block_size=config.model.block_size,
-    )  # fmt: skip
+    probe = run_tau_probe(config, target, held_out, samples)
     if probe is None:
         return None
     shape = shape_from_target(target.config, config.model, num_features=len(target.layers))
